@@ -1,0 +1,219 @@
+"""The press interface: what a compression method sees for one layer, and what it returns.
+
+A press looks at one attention layer at the end of prefill (:class:`LayerContext`) and
+returns the entries to keep (:class:`CompressedLayer`). Score-based presses subclass
+:class:`ScorerPress` and only implement ``score``; the budget, the protected observation
+window and the ordering of kept positions live here once.
+
+Shapes use ``B`` batch, ``Hq`` query heads, ``Hkv`` KV heads, ``G = Hq / Hkv`` the GQA group
+size, ``L`` keys in the layer's cache, ``q`` tokens in this forward pass, ``D`` head dim.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ragsnap.errors import ConfigError
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _default_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def project_queries(
+    module: nn.Module,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """Recompute an attention module's queries, RoPE applied.
+
+    sdpa and flash-attn return no attention weights, so presses rebuild the queries they
+    need from the layer input: ``q_proj`` (+ ``q_norm`` where the model has one), then the
+    model's own ``apply_rotary_pos_emb`` (found in the module's source module).
+
+    Parameters
+    ----------
+    hidden_states : ``[B, n, hidden]`` the attention module's input for ``n`` positions.
+    position_embeddings : ``(cos, sin)``, each ``[B, n, D]``.
+
+    Returns
+    -------
+    ``[B, Hq, n, D]`` float queries.
+    """
+    batch, n, _ = hidden_states.shape
+    head_dim = module.head_dim
+    queries = module.q_proj(hidden_states).view(batch, n, -1, head_dim)
+    q_norm = getattr(module, "q_norm", None)
+    if q_norm is not None:  # Qwen3, Gemma3: RMSNorm over head_dim, before RoPE
+        queries = q_norm(queries)
+    queries = queries.transpose(1, 2)
+    cos, sin = position_embeddings
+    rope = getattr(sys.modules[type(module).__module__], "apply_rotary_pos_emb", _default_rope)
+    queries, _ = rope(queries, queries, cos, sin)
+    return queries
+
+
+@dataclass
+class LayerContext:
+    """One attention layer at the end of prefill: everything a press may score with.
+
+    ``keys``/``values`` hold every cached position (a reused document prefix included);
+    ``hidden_states`` and ``position_embeddings`` cover only the ``q`` positions of this
+    forward pass, which are the last ``q`` of the ``L`` cached ones.
+    """
+
+    layer_idx: int
+    num_layers: int
+    module: nn.Module
+    keys: torch.Tensor  # [B, Hkv, L, D], RoPE applied
+    values: torch.Tensor  # [B, Hkv, L, D]
+    hidden_states: torch.Tensor  # [B, q, hidden]
+    position_embeddings: tuple[torch.Tensor, torch.Tensor]  # ([B, q, D], [B, q, D])
+    _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def seq_len(self) -> int:
+        return self.keys.shape[-2]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def num_query_heads(self) -> int:
+        return self.module.config.num_attention_heads
+
+    @property
+    def group_size(self) -> int:
+        return self.num_query_heads // self.num_kv_heads
+
+    @property
+    def scaling(self) -> float:
+        """The softmax scale the model itself uses (1/sqrt(D) unless the model says otherwise)."""
+        return float(getattr(self.module, "scaling", self.keys.shape[-1] ** -0.5))
+
+    def queries(self, last: int | None = None) -> torch.Tensor:
+        """Queries of the last ``last`` positions of this forward (all when None): ``[B, Hq, n, D]``.
+
+        Memoized, so several presses scoring the same layer project the queries once.
+        """
+        n = self.hidden_states.shape[1] if last is None else last
+        if n > self.hidden_states.shape[1]:
+            raise ValueError(
+                f"need the queries of the last {n} positions, but this forward only has "
+                f"{self.hidden_states.shape[1]}"
+            )
+        key = f"queries:{n}"
+        if key not in self._memo:
+            cos, sin = self.position_embeddings
+            self._memo[key] = project_queries(
+                self.module,
+                self.hidden_states[:, -n:],
+                (cos[:, -n:], sin[:, -n:]),
+            )
+        return self._memo[key]
+
+
+@dataclass
+class CompressedLayer:
+    """What a press keeps of one layer.
+
+    ``indices`` are original positions in ascending order per head; ``keys``/``values``
+    are the kept entries (a press may refit values); ``bias`` is an optional additive
+    attention-logit bias per kept key (0 = none), for methods that re-weight kept keys.
+    """
+
+    indices: torch.Tensor  # [B, Hkv, n] long, sorted
+    keys: torch.Tensor  # [B, Hkv, n, D]
+    values: torch.Tensor  # [B, Hkv, n, D]
+    bias: torch.Tensor | None = None  # [B, Hkv, n]
+
+    @classmethod
+    def gather(cls, keys: torch.Tensor, values: torch.Tensor, indices: torch.Tensor) -> CompressedLayer:
+        """Keep ``indices`` (``[B, Hkv, n]``) of ``keys``/``values`` (``[B, Hkv, L, D]``)."""
+        expanded = indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
+        return cls(
+            indices=indices,
+            keys=keys.gather(2, expanded).contiguous(),
+            values=values.gather(2, expanded).contiguous(),
+        )
+
+
+class Press(ABC):
+    """A KV-cache compression method applied to each layer at the end of prefill."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def compress(self, layer: LayerContext) -> CompressedLayer:
+        """Return what to keep of ``layer``."""
+
+    def config(self) -> dict[str, Any]:
+        """The press name and hyper-parameters: part of the cache key and of every report."""
+        values = asdict(self) if hasattr(self, "__dataclass_fields__") else {}
+        return {"press": self.name, **values}
+
+
+@dataclass
+class ScorerPress(Press):
+    """Keep the highest-scoring positions plus the last ``window`` positions of the prompt.
+
+    The budget is a token count per KV head, window included (``budget``), or a share of
+    the prompt (``ratio``); a prompt that fits the budget is kept whole.
+    """
+
+    budget: int | None = 512
+    ratio: float | None = None
+    window: int = 32
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ConfigError(f"window must be at least 1, got {self.window}", field="window")
+        if (self.budget is None) == (self.ratio is None):
+            raise ConfigError("give exactly one of budget or ratio", field="budget")
+        if self.budget is not None and self.budget < self.window:
+            raise ConfigError(
+                f"budget ({self.budget}) must be at least the window ({self.window})",
+                field="budget",
+            )
+        if self.ratio is not None and not 0.0 < self.ratio <= 1.0:
+            raise ConfigError(f"ratio must be in (0, 1], got {self.ratio}", field="ratio")
+
+    def layer_budget(self, layer: LayerContext) -> int:
+        """Tokens to keep per KV head in ``layer`` (window included)."""
+        if self.budget is not None:
+            return self.budget
+        assert self.ratio is not None
+        return max(self.window, math.ceil(self.ratio * layer.seq_len))
+
+    @abstractmethod
+    def score(self, layer: LayerContext) -> torch.Tensor:
+        """Scores of the ``L - window`` positions before the window: ``[B, Hkv, L - window]``."""
+
+    def compress(self, layer: LayerContext) -> CompressedLayer:
+        seq_len = layer.seq_len
+        keep = self.layer_budget(layer)
+        batch, heads = layer.keys.shape[:2]
+        device = layer.keys.device
+        if seq_len <= keep:
+            indices = torch.arange(seq_len, device=device).expand(batch, heads, -1)
+            return CompressedLayer.gather(layer.keys, layer.values, indices)
+        window = min(self.window, seq_len)
+        scores = self.score(layer)
+        top = scores.topk(keep - window, dim=-1).indices
+        recent = torch.arange(seq_len - window, seq_len, device=device).expand(batch, heads, -1)
+        indices = torch.cat([top, recent], dim=-1).sort(dim=-1).values
+        return CompressedLayer.gather(layer.keys, layer.values, indices)

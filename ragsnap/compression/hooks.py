@@ -1,0 +1,124 @@
+"""Forward hooks that run presses on every attention layer at the end of prefill.
+
+Nothing is patched: hooks are registered on the attention modules inside a context
+manager and removed in ``finally``. A hook compresses only while the recorder is
+``armed``, so the same model serves prefill, decoding and teacher forcing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ragsnap.compression.base import CompressedLayer, LayerContext, Press
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The self-attention modules of a decoder, in layer order (those with ``q_proj`` and ``layer_idx``)."""
+    found = [
+        m
+        for m in model.modules()
+        if hasattr(m, "q_proj") and isinstance(getattr(m, "layer_idx", None), int)
+    ]
+    if not found:
+        raise RuntimeError(f"no attention modules with q_proj/layer_idx found in {type(model).__name__}")
+    return sorted(found, key=lambda m: m.layer_idx)
+
+
+def _cache_from(kwargs: dict[str, Any]) -> Any:
+    # transformers 5.24 renamed the attention kwarg past_key_values -> cache
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
+    if cache is None:
+        raise RuntimeError(
+            "the attention hook saw no KV cache: this transformers version passes it under "
+            "another name; ragsnap supports transformers>=5.4,<5.40"
+        )
+    return cache
+
+
+@dataclass
+class CompressionRecorder:
+    """Collects what each press kept, per layer, during one armed forward pass.
+
+    ``results[p][layer]`` is press ``p``'s :class:`CompressedLayer` for that layer.
+    With ``apply=True`` the first press's result replaces the layer's cache entries in place.
+    """
+
+    presses: Sequence[Press]
+    apply: bool
+    num_layers: int
+    armed: bool = False
+    seconds: float = 0.0
+    bytes_seen: int = 0  # keys + values of every layer before compression
+    results: list[dict[int, CompressedLayer]] = field(default_factory=list)
+    skipped_layers: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.results = [{} for _ in self.presses]
+
+    def layer_results(self, press_index: int = 0) -> list[CompressedLayer]:
+        """One press's results in layer order (layers that were skipped are absent)."""
+        res = self.results[press_index]
+        return [res[i] for i in sorted(res)]
+
+    def hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if not self.armed:
+            return
+        cache = _cache_from(kwargs)
+        layer_cache = cache.layers[module.layer_idx]
+        hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        total = cache.get_seq_length(module.layer_idx)
+        keys, values = layer_cache.keys, layer_cache.values
+        self.bytes_seen += keys.nbytes + values.nbytes
+        if keys.shape[-2] != total:
+            # a sliding-window layer already bounds its own cache (Gemma3, Mistral SWA)
+            self.skipped_layers.add(module.layer_idx)
+            return
+        started = time.perf_counter()
+        context = LayerContext(
+            layer_idx=module.layer_idx,
+            num_layers=self.num_layers,
+            module=module,
+            keys=keys,
+            values=values,
+            hidden_states=hidden_states,
+            position_embeddings=kwargs["position_embeddings"],
+        )
+        with torch.no_grad():
+            for i, press in enumerate(self.presses):
+                self.results[i][module.layer_idx] = press.compress(context)
+            if self.apply:
+                kept = self.results[0][module.layer_idx]
+                layer_cache.keys, layer_cache.values = kept.keys, kept.values
+        if keys.is_cuda:
+            torch.cuda.synchronize(keys.device)
+        self.seconds += time.perf_counter() - started
+
+
+@contextmanager
+def compression_hooks(
+    model: nn.Module, presses: Press | Sequence[Press], *, apply: bool = True
+) -> Iterator[CompressionRecorder]:
+    """Install press hooks on every attention layer of ``model`` for the duration of the block.
+
+    Arm the yielded recorder (``recorder.armed = True``) around the forward pass whose end
+    is the end of prefill; its results hold what each press kept. With several presses and
+    ``apply=False`` one prefill serves them all (the cache itself stays full).
+    """
+    press_list = [presses] if isinstance(presses, Press) else list(presses)
+    if apply and len(press_list) != 1:
+        raise ValueError("apply=True needs exactly one press")
+    modules = attention_modules(model)
+    recorder = CompressionRecorder(press_list, apply=apply, num_layers=len(modules))
+    handles = [m.register_forward_hook(recorder.hook, with_kwargs=True) for m in modules]
+    try:
+        yield recorder
+    finally:
+        for handle in handles:
+            handle.remove()

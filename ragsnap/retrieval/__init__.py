@@ -1,0 +1,1 @@
+"""Getting documents into the prompt: prompt assembly and retrievers."""

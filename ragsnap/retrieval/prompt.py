@@ -1,0 +1,124 @@
+"""Prompt assembly: system instruction, numbered documents, the question last.
+
+The prompt is the concatenation of separately tokenized pieces (head, one piece per
+document, tail), so the document prefix tokenizes the same whatever the question is:
+that is what lets a cached document prefix be reused for a new question, and it gives
+each document's token span without offset mapping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragsnap.documents import Document
+from ragsnap.errors import InputError
+
+PROMPT_TEMPLATE_VERSION = "ragsnap-prompt-v1"
+SYSTEM_INSTRUCTION = (
+    "Answer the question using only the numbered documents. Be brief. "
+    "Cite every document you use by its number in square brackets, like [1] or [2][3]. "
+    "If the documents do not contain the answer, say that they do not."
+)
+_SENTINEL = "\u0000RAGSNAP_USER_CONTENT\u0000"
+# A document cut to fewer tokens than this is dropped instead of truncated.
+MIN_TRUNCATED_TOKENS = 32
+
+
+@dataclass
+class PromptLayout:
+    """A tokenized prompt and where each part of it sits.
+
+    ``input_ids[:prefix_len]`` depends only on the documents and the template (the part a
+    document-prefix cache may hold); the question and the generation prompt follow.
+    ``doc_spans[i]`` is the ``[start, end)`` token span of ``documents[i]``, cited as ``[i+1]``.
+    """
+
+    input_ids: list[int]
+    prefix_len: int
+    documents: list[Document]
+    doc_spans: list[tuple[int, int]]
+    dropped_doc_ids: list[str] = field(default_factory=list)
+    truncated_doc_ids: list[str] = field(default_factory=list)
+    template_version: str = PROMPT_TEMPLATE_VERSION
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+
+def format_document(index: int, document: Document) -> str:
+    """``[n] title`` then the text, as the model sees it."""
+    header = f"[{index}] {document.title}".rstrip()
+    return f"{header}\n{document.text.strip()}\n\n"
+
+
+def _template_halves(tokenizer: Any, system: str) -> tuple[str, str]:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": _SENTINEL}]
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:  # base models: a plain layout
+        rendered = f"{system}\n\n{_SENTINEL}\nAnswer:"
+    before, _, after = rendered.partition(_SENTINEL)
+    return before, after
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def assemble_prompt(
+    tokenizer: Any,
+    question: str,
+    documents: Sequence[Document],
+    *,
+    max_prompt_tokens: int,
+    system: str = SYSTEM_INSTRUCTION,
+) -> PromptLayout:
+    """Build the prompt for ``question`` over ``documents`` (given in rank order).
+
+    When the documents do not fit in ``max_prompt_tokens``, the lowest-ranked ones are
+    dropped and the last one that partly fits is truncated; both are reported.
+    Raises :class:`InputError` when the question alone does not fit.
+    """
+    question = question.strip()
+    if not question:
+        raise InputError("the question is empty", field="question")
+    before, after = _template_halves(tokenizer, system)
+    head = _encode(tokenizer, before + "Documents:\n\n")
+    tail = _encode(tokenizer, f"Question: {question}{after}")
+    room = max_prompt_tokens - len(head) - len(tail)
+    if room <= 0:
+        raise InputError(
+            f"the question is too long: the prompt would need {len(head) + len(tail)} tokens "
+            f"before any document, and at most {max_prompt_tokens} fit",
+            field="question",
+        )
+    input_ids = list(head)
+    kept: list[Document] = []
+    spans: list[tuple[int, int]] = []
+    dropped: list[str] = []
+    truncated: list[str] = []
+    for document in documents:
+        if room < MIN_TRUNCATED_TOKENS:
+            dropped.append(document.id)
+            continue
+        piece = _encode(tokenizer, format_document(len(kept) + 1, document))
+        if len(piece) > room:
+            piece = piece[:room]
+            truncated.append(document.id)
+        spans.append((len(input_ids), len(input_ids) + len(piece)))
+        input_ids.extend(piece)
+        kept.append(document)
+        room -= len(piece)
+    prefix_len = len(input_ids)
+    input_ids.extend(tail)
+    return PromptLayout(
+        input_ids=input_ids,
+        prefix_len=prefix_len,
+        documents=kept,
+        doc_spans=spans,
+        dropped_doc_ids=dropped,
+        truncated_doc_ids=truncated,
+    )
