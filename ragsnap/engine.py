@@ -14,20 +14,12 @@ from ragsnap.citations import document_keep_shares, extract_citations
 from ragsnap.compression import CompressedLayer, Press, compression_hooks, make_press
 from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
+from ragsnap.kv import cache_nbytes, derive_cache
 from ragsnap.generation import GenerationConfig, TokenSampler, stop_token_ids
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
 from ragsnap.retrieval.prompt import PromptLayout, assemble_prompt
 
 logger = logging.getLogger(__name__)
-
-
-def cache_nbytes(cache: Any) -> int:
-    """Bytes held by the keys and values of every layer of a transformers cache."""
-    return sum(
-        layer.keys.nbytes + layer.values.nbytes
-        for layer in cache.layers
-        if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0
-    )
 
 
 def _sync(device: torch.device) -> None:
@@ -156,6 +148,40 @@ class RagSnapEngine:
             processed_tokens=len(input_ids) - start,
         )
 
+    def prefill_many(self, input_ids: Sequence[int], presses: Sequence[Press]) -> list[PrefillResult]:
+        """One prefill, several presses: each result has its own compressed cache.
+
+        Prefill attention is full whatever the press, so the kept entries equal what a
+        separate prefill per press would keep. ``prefill_s`` is the shared forward time;
+        ``compress_s`` is each press's own share of the hook time.
+        """
+        cache = self.new_cache()
+        _sync(self.device)
+        started = time.perf_counter()
+        with compression_hooks(self.model, presses, apply=False) as recorder:
+            recorder.armed = True
+            logits = self.forward(input_ids, cache, 0)
+        _sync(self.device)
+        prefill_s = time.perf_counter() - started
+        results = []
+        for i, press in enumerate(presses):
+            compressed = derive_cache(cache, recorder.results[i])
+            results.append(
+                PrefillResult(
+                    cache=compressed,
+                    original_length=len(input_ids),
+                    next_logits=logits,
+                    kept=recorder.layer_results(i),
+                    press_config=press.config(),
+                    prefill_s=prefill_s,
+                    compress_s=recorder.press_seconds[i],
+                    kv_bytes_full=recorder.bytes_seen,
+                    kv_bytes_kept=cache_nbytes(compressed),
+                    processed_tokens=len(input_ids),
+                )
+            )
+        return results
+
     def decode_tokens(
         self,
         prefill: PrefillResult,
@@ -198,11 +224,12 @@ class RagSnapEngine:
         documents: Sequence[Document],
         options: AnswerOptions | None = None,
         should_stop: Callable[[], bool] | None = None,
+        namespace: str = "default",
     ) -> Iterator[AnswerEvent]:
         """Answer ``question`` over ``documents``: meta, token..., citations, done.
 
         Closing the iterator (or ``should_stop()`` returning True) stops generation
-        after the current decode step.
+        after the current decode step. ``namespace`` separates tenants in the KV store.
         """
         options = options or AnswerOptions()
         started = time.perf_counter()

@@ -57,10 +57,12 @@ class CompressionRecorder:
     seconds: float = 0.0
     bytes_seen: int = 0  # keys + values of every layer before compression
     results: list[dict[int, CompressedLayer]] = field(default_factory=list)
+    press_seconds: list[float] = field(default_factory=list)
     skipped_layers: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.results = [{} for _ in self.presses]
+        self.press_seconds = [0.0 for _ in self.presses]
 
     def layer_results(self, press_index: int = 0) -> list[CompressedLayer]:
         """One press's results in layer order (layers that were skipped are absent)."""
@@ -92,7 +94,9 @@ class CompressionRecorder:
         )
         with torch.no_grad():
             for i, press in enumerate(self.presses):
+                press_started = time.perf_counter()
                 self.results[i][module.layer_idx] = press.compress(context)
+                self.press_seconds[i] += time.perf_counter() - press_started
             if self.apply:
                 kept = self.results[0][module.layer_idx]
                 layer_cache.keys, layer_cache.values = kept.keys, kept.values

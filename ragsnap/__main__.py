@@ -1,0 +1,5 @@
+import sys
+
+from ragsnap.cli import main
+
+sys.exit(main())

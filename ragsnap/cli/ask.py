@@ -1,0 +1,86 @@
+"""``ragsnap ask``: answer one question over documents, streaming the answer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ragsnap.cli.options import (
+    add_generation_options,
+    add_model_options,
+    add_press_options,
+    generation_from_args,
+    press_from_args,
+)
+from ragsnap.errors import InputError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("ask", help="answer a question over documents")
+    parser.add_argument("--question", "-q", required=True)
+    parser.add_argument("--docs", nargs="+", default=[], metavar="PATH",
+                        help=".txt/.md files (one document each) or .jsonl files ({id, title, text} per line)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    add_press_options(parser)
+    add_generation_options(parser)
+    add_model_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ragsnap.documents import load_documents
+    from ragsnap.engine import AnswerOptions, RagSnapEngine
+    from ragsnap.events import DoneEvent, MetaEvent, TokenEvent
+
+    if not args.question.strip():
+        raise InputError("--question is empty", field="question")
+    documents = load_documents(args.docs)
+    if not documents:
+        raise InputError("no documents: give --docs PATH...", field="docs")
+    options = AnswerOptions(press=press_from_args(args), generation=generation_from_args(args))
+    engine = RagSnapEngine.load(args.model, device=args.device)
+    done: DoneEvent | None = None
+    for event in engine.stream(args.question, documents, options):
+        if isinstance(event, MetaEvent) and not args.json:
+            for doc_id in event.dropped_doc_ids:
+                print(f"[ragsnap] document {doc_id!r} dropped: the prompt is full", file=sys.stderr)
+        elif isinstance(event, TokenEvent) and not args.json:
+            print(event.text, end="", flush=True)
+        elif isinstance(event, DoneEvent):
+            done = event
+    assert done is not None
+    if args.json:
+        payload = {
+            "answer": done.answer,
+            "citations": [c.to_dict() for c in done.citations],
+            "stats": done.stats,
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    print()
+    print_summary(done)
+    return 0
+
+
+def print_summary(done) -> None:  # type: ignore[no-untyped-def]
+    stats = done.stats
+    print("---")
+    if done.citations:
+        for c in done.citations:
+            kept = "" if c.kept_share is None else f" ({c.kept_share:.0%} of its tokens kept)"
+            print(f"[{c.index}] {c.title or c.doc_id}{kept}")
+    else:
+        print("no citations")
+    ratio = stats["kv_bytes_kept"] / stats["kv_bytes_full"] if stats["kv_bytes_full"] else 1.0
+    print(
+        f"press {stats['press']}: kept {stats['kept_tokens']}/{stats['prompt_tokens']} tokens per head, "
+        f"KV {stats['kv_bytes_kept'] / 2**20:.1f}/{stats['kv_bytes_full'] / 2**20:.1f} MiB ({ratio:.0%})"
+    )
+    decode = stats["decode_ms_per_token"]
+    print(
+        f"prefill {stats['prefill_s']:.2f}s (compression {stats['compress_s']:.3f}s), "
+        f"first token {stats['ttft_s']:.2f}s, decode "
+        + (f"{decode:.1f} ms/token" if decode is not None else "n/a")
+        + f", cache {stats['cache']}"
+    )

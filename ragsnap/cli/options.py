@@ -1,0 +1,60 @@
+"""Command-line options shared by several subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
+from ragsnap.errors import ConfigError
+from ragsnap.generation import GenerationConfig
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model", default="embedded",
+        help="'embedded' (SmolLM2-135M-Instruct, bundled), a Hugging Face id, a directory or a .gguf file",
+    )
+    parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1...")
+
+
+def add_press_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("compression")
+    group.add_argument("--press", default=DEFAULT_PRESS, help=f"one of: {', '.join(PRESSES)}")
+    size = group.add_mutually_exclusive_group()
+    size.add_argument("--budget", type=int, help="tokens kept per KV head, window included (default 512)")
+    size.add_argument("--ratio", type=float, help="share of the prompt kept per KV head, in (0, 1]")
+    group.add_argument("--window", type=int, help="observation window: last prompt tokens that vote, always kept")
+    group.add_argument("--kernel", type=int, help="pooling kernel (odd)")
+    group.add_argument("--pooling", choices=("max", "avg"), help="pooling of the votes along positions")
+
+
+def add_generation_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("generation")
+    group.add_argument("--max-new-tokens", type=int, default=128)
+    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--seed", type=int)
+
+
+def press_from_args(args: argparse.Namespace) -> Press:
+    options = {
+        "budget": args.budget,
+        "ratio": args.ratio,
+        "window": args.window,
+        "kernel": args.kernel,
+        "pooling": args.pooling,
+    }
+    if args.press == "full":
+        return make_press("full")
+    if args.budget is not None and args.budget < 1:
+        raise ConfigError(f"--budget must be positive, got {args.budget}", field="budget")
+    return make_press(args.press, **options)
+
+
+def generation_from_args(args: argparse.Namespace) -> GenerationConfig:
+    return GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )

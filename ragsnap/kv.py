@@ -1,0 +1,35 @@
+"""Small helpers over transformers KV caches."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from ragsnap.compression import CompressedLayer
+
+
+def cache_nbytes(cache: Any) -> int:
+    """Bytes held by the keys and values of every layer of a transformers cache."""
+    return sum(
+        layer.keys.nbytes + layer.values.nbytes
+        for layer in cache.layers
+        if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0
+    )
+
+
+def derive_cache(base: Any, replacements: Mapping[int, CompressedLayer] | None = None) -> Any:
+    """A new cache sharing ``base``'s tensors, with the layers in ``replacements`` swapped
+    for their compressed entries.
+
+    Cache layers append with ``torch.cat`` (a new tensor), so decoding on the derived
+    cache never changes ``base``: one prefill can serve several presses and replays.
+    """
+    derived = copy.copy(base)
+    derived.layers = []
+    for i, layer in enumerate(base.layers):
+        clone = copy.copy(layer)
+        if replacements is not None and i in replacements:
+            clone.keys, clone.values = replacements[i].keys, replacements[i].values
+        derived.layers.append(clone)
+    return derived
