@@ -1,1 +1,29 @@
-def register(subparsers): pass
+"""``ragsnap bench <what>``: benchmark commands that print a table or JSON.
+
+Each benchmark lives in ``ragsnap/bench/<what>.py`` with ``add_arguments(parser)`` and
+``run(args) -> int``; it is imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS = {
+    "decode": "prefill, compression and decode speed: full cache vs compressed vs a short-prompt floor",
+    "cache": "time to first token for a cache miss, a full hit and a document-prefix hit",
+    "load": "concurrent clients against a running ragsnap server",
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="benchmarks (print a table, or JSON with --json)")
+    kinds = parser.add_subparsers(dest="benchmark", required=True)
+    for name, help_text in BENCHMARKS.items():
+        sub = kinds.add_parser(name, help=help_text)
+        try:
+            module = importlib.import_module(f"ragsnap.bench.{name}")
+        except ModuleNotFoundError:
+            continue
+        module.add_arguments(sub)
+        sub.set_defaults(handler=module.run)
