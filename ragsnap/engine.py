@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ragsnap.cache.cached_prefill import CachedPrefill, CacheReport
+from ragsnap.cache.serialization import parse_dtype
+from ragsnap.cache.store import KVStore
 from ragsnap.citations import document_keep_shares, extract_citations
 from ragsnap.compression import CompressedLayer, Press, compression_hooks, make_press
+from ragsnap.compression.attention_bias import attention_bias, install_bias_attention
+from ragsnap.compression.words import word_starts
 from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.kv import cache_nbytes, derive_cache
@@ -46,6 +51,8 @@ class PrefillResult:
     kv_bytes_full: int
     kv_bytes_kept: int
     processed_tokens: int
+    # layer -> [1, Hkv, n] logit bias of the kept keys (Attention Matching); empty = none
+    bias: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def kept_tokens_per_layer(self) -> list[int]:
@@ -79,24 +86,64 @@ class AnswerOptions:
 class RagSnapEngine:
     """Owns a model and answers questions over documents with a compressed prompt cache."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        store: KVStore | None = None,
+        prefix_cache: bool = True,
+        storage_dtype: str | torch.dtype | None = None,
+    ) -> None:
+        """``store`` keeps compressed prompt caches (None or a ``none`` store: caching off);
+        ``prefix_cache`` also keeps the full KV of document prefixes for new questions;
+        ``storage_dtype`` (e.g. ``"bfloat16"``) stores KV smaller than the model computes it."""
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
         self.stop_ids = stop_token_ids(self.tokenizer, self.model)
+        self.store = store
+        self._cached: CachedPrefill | None = None
+        if store is not None and store.enabled:
+            dtype = parse_dtype(storage_dtype) if isinstance(storage_dtype, str) else storage_dtype
+            self._cached = CachedPrefill(
+                self, store, prefix_cache=prefix_cache, storage_dtype=dtype
+            )
+        # attention that can add a per-key bias when a press asks for one (else unchanged)
+        install_bias_attention(self.model)
 
     @classmethod
-    def load(cls, model: str = EMBEDDED, **kwargs: Any) -> RagSnapEngine:
-        return cls(load_model(model, **kwargs))
+    def load(
+        cls,
+        model: str = EMBEDDED,
+        *,
+        store: KVStore | None = None,
+        prefix_cache: bool = True,
+        storage_dtype: str | torch.dtype | None = None,
+        **kwargs: Any,
+    ) -> RagSnapEngine:
+        """Load ``model`` (see :func:`load_model` for ``kwargs``) and build an engine on it."""
+        return cls(
+            load_model(model, **kwargs),
+            store=store,
+            prefix_cache=prefix_cache,
+            storage_dtype=storage_dtype,
+        )
 
     # -- building blocks -------------------------------------------------------------
 
     def build_prompt(
-        self, question: str, documents: Sequence[Document], generation: GenerationConfig
+        self,
+        question: str,
+        documents: Sequence[Document],
+        generation: GenerationConfig,
+        *,
+        answer_prefix: str = "",
     ) -> PromptLayout:
         budget = self.loaded.context_length - generation.max_new_tokens
-        return assemble_prompt(self.tokenizer, question, documents, max_prompt_tokens=budget)
+        return assemble_prompt(
+            self.tokenizer, question, documents, max_prompt_tokens=budget,
+            answer_prefix=answer_prefix,
+        )
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -104,18 +151,41 @@ class RagSnapEngine:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, token_ids: Sequence[int], cache: Any, start: int) -> torch.Tensor:
-        """Run ``token_ids`` at positions ``start, start+1, ...`` on top of ``cache``; last logits ``[1, V]``."""
+    def forward(
+        self,
+        token_ids: Sequence[int],
+        cache: Any,
+        start: int,
+        bias: Mapping[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Run ``token_ids`` at positions ``start, start+1, ...`` on top of ``cache``; last logits ``[1, V]``.
+
+        ``bias`` maps layer index -> ``[1, Hkv, n]`` logit bias of the first ``n`` cached keys.
+        """
+        return self.forward_logits(token_ids, cache, start, keep=1, bias=bias)[:, -1, :]
+
+    @torch.inference_mode()
+    def forward_logits(
+        self,
+        token_ids: Sequence[int],
+        cache: Any,
+        start: int,
+        keep: int = 0,
+        bias: Mapping[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Like :meth:`forward`, returning the logits of the last ``keep`` positions
+        (``0`` = every position): ``[1, n, V]``. Teacher forcing uses ``keep=0``."""
         input_ids = torch.tensor([list(token_ids)], device=self.device)
         positions = torch.arange(start, start + input_ids.shape[1], device=self.device).unsqueeze(0)
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self.loaded.cache_kwarg: cache},
-        )
-        return out.logits[:, -1, :]
+        with attention_bias(bias):
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=keep,
+                **{self.loaded.cache_kwarg: cache},
+            )
+        return out.logits
 
     def prefill(
         self,
@@ -130,7 +200,8 @@ class RagSnapEngine:
         cache = self.new_cache() if cache is None else cache
         _sync(self.device)
         started = time.perf_counter()
-        with compression_hooks(self.model, press) as recorder:
+        starts = word_starts(self.tokenizer, input_ids)
+        with compression_hooks(self.model, press, word_starts=starts) as recorder:
             recorder.armed = True
             logits = self.forward(input_ids[start:], cache, start)
         _sync(self.device)
@@ -140,6 +211,7 @@ class RagSnapEngine:
             original_length=len(input_ids),
             next_logits=logits,
             kept=recorder.layer_results(0),
+            bias=recorder.layer_bias(0),
             press_config=press.config(),
             prefill_s=prefill_s,
             compress_s=recorder.seconds,
@@ -158,7 +230,8 @@ class RagSnapEngine:
         cache = self.new_cache()
         _sync(self.device)
         started = time.perf_counter()
-        with compression_hooks(self.model, presses, apply=False) as recorder:
+        starts = word_starts(self.tokenizer, input_ids)
+        with compression_hooks(self.model, presses, apply=False, word_starts=starts) as recorder:
             recorder.armed = True
             logits = self.forward(input_ids, cache, 0)
         _sync(self.device)
@@ -172,6 +245,7 @@ class RagSnapEngine:
                     original_length=len(input_ids),
                     next_logits=logits,
                     kept=recorder.layer_results(i),
+                    bias=recorder.layer_bias(i),
                     press_config=press.config(),
                     prefill_s=prefill_s,
                     compress_s=recorder.press_seconds[i],
@@ -207,7 +281,7 @@ class RagSnapEngine:
                 if produced + 1 == generation.max_new_tokens or (should_stop and should_stop()):
                     return
                 started = time.perf_counter()
-                logits = self.forward([token], prefill.cache, position)
+                logits = self.forward([token], prefill.cache, position, prefill.bias)
                 _sync(self.device)
                 decode_s += time.perf_counter() - started
                 steps += 1
@@ -234,16 +308,30 @@ class RagSnapEngine:
         options = options or AnswerOptions()
         started = time.perf_counter()
         layout = self.build_prompt(question, documents, options.generation)
-        prefill = self.prefill(layout.input_ids, options.press)
+        prefill, report = self._cached_prefill(layout, options.press, question, namespace)
         yield MetaEvent(
             prompt_tokens=layout.num_tokens,
             kept_tokens=prefill.kept_tokens,
-            cache="off",
+            cache=report.status,
             documents=[{"index": str(i + 1), "id": d.id, "title": d.title} for i, d in enumerate(layout.documents)],
             dropped_doc_ids=layout.dropped_doc_ids,
             truncated_doc_ids=layout.truncated_doc_ids,
         )
-        yield from self._decode_answer(layout, prefill, options, started, {"cache": "off"}, should_stop)
+        for event in self._decode_answer(
+            layout, prefill, options, started, report.as_stats(), should_stop
+        ):
+            if isinstance(event, DoneEvent) and self._cached is not None:
+                self._cached.finish(report)  # the document-prefix entry, after the last token
+                event.stats.update(report.as_stats())
+            yield event
+
+    def _cached_prefill(
+        self, layout: PromptLayout, press: Press, question: str, namespace: str | None
+    ) -> tuple[PrefillResult, CacheReport]:
+        """Prefill through the KV store when there is one (hit, prefix hit or miss)."""
+        if self._cached is None:
+            return self.prefill(layout.input_ids, press), CacheReport(status="off")
+        return self._cached.prefill(layout, press, question, namespace)
 
     def _decode_answer(
         self,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ragsnap.errors import RagSnapError
 
 # subcommand modules, imported lazily so `ragsnap --help` stays fast
-SUBCOMMANDS = ("ask", "bench")
+SUBCOMMANDS = ("ask", "bench", "eval", "cache")
 
 
 def build_parser() -> argparse.ArgumentParser:

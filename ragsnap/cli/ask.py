@@ -7,10 +7,12 @@ import json
 import sys
 
 from ragsnap.cli.options import (
+    add_cache_options,
     add_generation_options,
     add_model_options,
     add_press_options,
     generation_from_args,
+    open_store_from_args,
     press_from_args,
 )
 from ragsnap.errors import InputError
@@ -25,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_press_options(parser)
     add_generation_options(parser)
     add_model_options(parser)
+    add_cache_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -39,9 +42,12 @@ def run(args: argparse.Namespace) -> int:
     if not documents:
         raise InputError("no documents: give --docs PATH...", field="docs")
     options = AnswerOptions(press=press_from_args(args), generation=generation_from_args(args))
-    engine = RagSnapEngine.load(args.model, device=args.device)
+    store = open_store_from_args(args)
+    engine = RagSnapEngine.load(
+        args.model, device=args.device, store=store, prefix_cache=args.prefix_cache
+    )
     done: DoneEvent | None = None
-    for event in engine.stream(args.question, documents, options):
+    for event in engine.stream(args.question, documents, options, namespace=args.namespace):
         if isinstance(event, MetaEvent) and not args.json:
             for doc_id in event.dropped_doc_ids:
                 print(f"[ragsnap] document {doc_id!r} dropped: the prompt is full", file=sys.stderr)

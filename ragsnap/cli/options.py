@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
 from ragsnap.errors import ConfigError
 from ragsnap.generation import GenerationConfig
+
+if TYPE_CHECKING:
+    from ragsnap.cache.store import KVStore
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -58,3 +62,25 @@ def generation_from_args(args: argparse.Namespace) -> GenerationConfig:
         top_p=args.top_p,
         seed=args.seed,
     )
+
+
+def add_cache_options(parser: argparse.ArgumentParser, *, prefix_flag: bool = True) -> None:
+    group = parser.add_argument_group("cache")
+    group.add_argument(
+        "--cache", metavar="URL|none",
+        help="KV store: redis://..., rediss://..., unix://..., file://DIR or none "
+        "(default: $RAGSNAP_CACHE_URL, else a file store under the user cache directory)",
+    )
+    group.add_argument("--namespace", default="default", help="cache namespace (tenant)")
+    if prefix_flag:
+        group.add_argument(
+            "--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+            help="also keep the full KV of the document prefix, so a new question over the "
+            "same documents prefills only its own tokens",
+        )
+
+
+def open_store_from_args(args: argparse.Namespace) -> KVStore:
+    from ragsnap.cache import open_store
+
+    return open_store(args.cache)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from typing import Any
 
+from ragsnap.compression.attention_matching import AttentionMatchingPress
 from ragsnap.compression.base import CompressedLayer, LayerContext, Press, ScorerPress
+from ragsnap.compression.default import attnmatch_press, ragsnap_press, wordspan_press
 from ragsnap.compression.full import FullPress
 from ragsnap.compression.h2o import H2OPress
 from ragsnap.compression.hooks import compression_hooks
@@ -14,11 +18,17 @@ from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.compression.streamingllm import StreamingLLMPress
 from ragsnap.errors import ConfigError
 
-PRESSES: dict[str, type[Press]] = {
-    cls.name: cls
-    for cls in (FullPress, SnapKVPress, StreamingLLMPress, H2OPress, RandomPress, PyramidKVPress)
+# name -> factory taking the press's options as keywords
+PRESSES: dict[str, Callable[..., Press]] = {
+    "ragsnap": ragsnap_press,
+    **{
+        cls.name: cls
+        for cls in (FullPress, SnapKVPress, StreamingLLMPress, H2OPress, RandomPress, PyramidKVPress)
+    },
+    "wordspan": wordspan_press,
+    "attnmatch": attnmatch_press,
 }
-DEFAULT_PRESS = "snapkv"
+DEFAULT_PRESS = "ragsnap"
 
 
 def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
@@ -36,8 +46,8 @@ def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
         return FullPress()
     if "ratio" in given and "budget" not in given:
         given["budget"] = None
-    fields = getattr(cls, "__dataclass_fields__", {})
-    unknown = sorted(set(given) - set(fields))
+    accepted = set(inspect.signature(cls).parameters)
+    unknown = sorted(set(given) - accepted)
     if unknown:
         raise ConfigError(f"press {name!r} does not take: {', '.join(unknown)}", field=unknown[0])
     return cls(**given)
@@ -45,6 +55,7 @@ def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
 
 __all__ = [
     "PRESSES",
+    "AttentionMatchingPress",
     "DEFAULT_PRESS",
     "CompressedLayer",
     "LayerContext",

@@ -82,6 +82,7 @@ class LayerContext:
     values: torch.Tensor  # [B, Hkv, L, D]
     hidden_states: torch.Tensor  # [B, q, hidden]
     position_embeddings: tuple[torch.Tensor, torch.Tensor]  # ([B, q, D], [B, q, D])
+    word_starts: torch.Tensor | None = None  # [L] bool: position starts a whitespace-delimited word
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -133,13 +134,15 @@ class CompressedLayer:
 
     ``indices`` are original positions in ascending order per head; ``keys``/``values``
     are the kept entries (a press may refit values); ``bias`` is an optional additive
-    attention-logit bias per kept key (0 = none), for methods that re-weight kept keys.
+    attention-logit bias per kept key (0 = none), for methods that re-weight kept keys;
+    ``exact`` marks entries whose values a later refit must leave as they are.
     """
 
     indices: torch.Tensor  # [B, Hkv, n] long, sorted
     keys: torch.Tensor  # [B, Hkv, n, D]
     values: torch.Tensor  # [B, Hkv, n, D]
     bias: torch.Tensor | None = None  # [B, Hkv, n]
+    exact: torch.Tensor | None = None  # [B, Hkv, n] bool
 
     @classmethod
     def gather(cls, keys: torch.Tensor, values: torch.Tensor, indices: torch.Tensor) -> CompressedLayer:
@@ -204,16 +207,28 @@ class ScorerPress(Press):
         """Scores of the ``L - window`` positions before the window: ``[B, Hkv, L - window]``."""
 
     def compress(self, layer: LayerContext) -> CompressedLayer:
-        seq_len = layer.seq_len
         keep = self.layer_budget(layer)
-        batch, heads = layer.keys.shape[:2]
-        device = layer.keys.device
-        if seq_len <= keep:
-            indices = torch.arange(seq_len, device=device).expand(batch, heads, -1)
-            return CompressedLayer.gather(layer.keys, layer.values, indices)
-        window = min(self.window, seq_len)
-        scores = self.score(layer)
-        top = scores.topk(keep - window, dim=-1).indices
-        recent = torch.arange(seq_len - window, seq_len, device=device).expand(batch, heads, -1)
-        indices = torch.cat([top, recent], dim=-1).sort(dim=-1).values
-        return CompressedLayer.gather(layer.keys, layer.values, indices)
+        if layer.seq_len <= keep:
+            return keep_all(layer)
+        return keep_top(layer, self.score(layer), keep, self.window)
+
+
+def keep_all(layer: LayerContext) -> CompressedLayer:
+    """Every position of every head (a prompt that fits the budget)."""
+    batch, heads = layer.keys.shape[:2]
+    indices = torch.arange(layer.seq_len, device=layer.keys.device).expand(batch, heads, -1)
+    return CompressedLayer.gather(layer.keys, layer.values, indices)
+
+
+def keep_top(layer: LayerContext, scores: torch.Tensor, keep: int, window: int) -> CompressedLayer:
+    """Keep the ``keep - window`` best-scoring prefix positions per head plus the last ``window``.
+
+    ``scores`` is ``[B, Hkv, L - window]``; kept indices come back in positional order.
+    """
+    seq_len = layer.seq_len
+    batch, heads = layer.keys.shape[:2]
+    window = min(window, seq_len)
+    top = scores.topk(keep - window, dim=-1).indices
+    recent = torch.arange(seq_len - window, seq_len, device=layer.keys.device)
+    indices = torch.cat([top, recent.expand(batch, heads, -1)], dim=-1).sort(dim=-1).values
+    return CompressedLayer.gather(layer.keys, layer.values, indices)

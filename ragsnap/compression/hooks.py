@@ -59,6 +59,7 @@ class CompressionRecorder:
     results: list[dict[int, CompressedLayer]] = field(default_factory=list)
     press_seconds: list[float] = field(default_factory=list)
     skipped_layers: set[int] = field(default_factory=set)
+    word_starts: torch.Tensor | None = None  # [L] bool, for presses that complete words
 
     def __post_init__(self) -> None:
         self.results = [{} for _ in self.presses]
@@ -69,6 +70,11 @@ class CompressionRecorder:
         res = self.results[press_index]
         return [res[i] for i in sorted(res)]
 
+    def layer_bias(self, press_index: int = 0) -> dict[int, torch.Tensor]:
+        """Layer index -> ``[B, Hkv, n]`` logit bias, for the layers where the press set one."""
+        res = self.results[press_index]
+        return {i: c.bias for i, c in res.items() if c.bias is not None}
+
     def hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         if not self.armed:
             return
@@ -78,8 +84,10 @@ class CompressionRecorder:
         total = cache.get_seq_length(module.layer_idx)
         keys, values = layer_cache.keys, layer_cache.values
         self.bytes_seen += keys.nbytes + values.nbytes
-        if keys.shape[-2] != total:
-            # a sliding-window layer already bounds its own cache (Gemma3, Mistral SWA)
+        if getattr(layer_cache, "is_sliding", False) or keys.shape[-2] != total:
+            # A sliding-window layer already bounds its own cache (Gemma3, Mistral SWA), and
+            # its masks count positions (cumulative_length), so evicting from it, even before
+            # it slides, breaks decoding: leave it whole.
             self.skipped_layers.add(module.layer_idx)
             return
         started = time.perf_counter()
@@ -91,6 +99,7 @@ class CompressionRecorder:
             values=values,
             hidden_states=hidden_states,
             position_embeddings=kwargs["position_embeddings"],
+            word_starts=self.word_starts,
         )
         with torch.no_grad():
             for i, press in enumerate(self.presses):
@@ -107,7 +116,11 @@ class CompressionRecorder:
 
 @contextmanager
 def compression_hooks(
-    model: nn.Module, presses: Press | Sequence[Press], *, apply: bool = True
+    model: nn.Module,
+    presses: Press | Sequence[Press],
+    *,
+    apply: bool = True,
+    word_starts: torch.Tensor | None = None,
 ) -> Iterator[CompressionRecorder]:
     """Install press hooks on every attention layer of ``model`` for the duration of the block.
 
@@ -119,7 +132,9 @@ def compression_hooks(
     if apply and len(press_list) != 1:
         raise ValueError("apply=True needs exactly one press")
     modules = attention_modules(model)
-    recorder = CompressionRecorder(press_list, apply=apply, num_layers=len(modules))
+    recorder = CompressionRecorder(
+        press_list, apply=apply, num_layers=len(modules), word_starts=word_starts
+    )
     handles = [m.register_forward_hook(recorder.hook, with_kwargs=True) for m in modules]
     try:
         yield recorder

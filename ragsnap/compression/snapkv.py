@@ -15,12 +15,20 @@ from ragsnap.errors import ConfigError
 def window_attention(layer: LayerContext, window: int) -> torch.Tensor:
     """Attention of the last ``window`` queries over all keys, per query head.
 
-    Softmax in float32 over every key, with a causal mask inside the window.
+    Softmax in float32 over every key, with a causal mask inside the window. Memoized on
+    the layer, so presses that build on SnapKV (Attention Matching) reuse it.
 
     Returns
     -------
     ``[B, Hkv, G, w, L]`` attention probabilities, grouped by KV head.
     """
+    memo_key = f"window_attention:{window}"
+    if memo_key not in layer._memo:
+        layer._memo[memo_key] = _window_attention(layer, window)
+    return layer._memo[memo_key]
+
+
+def _window_attention(layer: LayerContext, window: int) -> torch.Tensor:
     seq_len = layer.seq_len
     queries = layer.queries(window).float()  # [B, Hq, w, D]
     batch, _, w, dim = queries.shape

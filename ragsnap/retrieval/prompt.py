@@ -42,6 +42,7 @@ class PromptLayout:
     dropped_doc_ids: list[str] = field(default_factory=list)
     truncated_doc_ids: list[str] = field(default_factory=list)
     template_version: str = PROMPT_TEMPLATE_VERSION
+    answer_prefix: str = ""
 
     @property
     def num_tokens(self) -> int:
@@ -75,11 +76,14 @@ def assemble_prompt(
     *,
     max_prompt_tokens: int,
     system: str = SYSTEM_INSTRUCTION,
+    answer_prefix: str = "",
 ) -> PromptLayout:
     """Build the prompt for ``question`` over ``documents`` (given in rank order).
 
     When the documents do not fit in ``max_prompt_tokens``, the lowest-ranked ones are
     dropped and the last one that partly fits is truncated; both are reported.
+    ``answer_prefix`` (e.g. "The answer is") follows the generation prompt as the start
+    of the model's answer: it is part of the prompt, so the observation window sees it.
     Raises :class:`InputError` when the question alone does not fit.
     """
     question = question.strip()
@@ -88,6 +92,8 @@ def assemble_prompt(
     before, after = _template_halves(tokenizer, system)
     head = _encode(tokenizer, before + "Documents:\n\n")
     tail = _encode(tokenizer, f"Question: {question}{after}")
+    if answer_prefix.strip():
+        tail += _encode(tokenizer, answer_prefix.strip())
     room = max_prompt_tokens - len(head) - len(tail)
     if room <= 0:
         raise InputError(
@@ -121,4 +127,5 @@ def assemble_prompt(
         doc_spans=spans,
         dropped_doc_ids=dropped,
         truncated_doc_ids=truncated,
+        answer_prefix=answer_prefix.strip(),
     )

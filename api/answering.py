@@ -1,0 +1,266 @@
+"""What both answer routes share: limits, documents, options, queueing, waiting for the result."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import Request
+
+from api.errors import ApiError
+from api.schemas import CompressionIn, DocumentIn, RetrievalFields
+from api.services import Services
+from api.settings import Settings
+from api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError
+from ragsnap.compression import DEFAULT_PRESS, make_press
+from ragsnap.documents import Document
+from ragsnap.engine import AnswerOptions
+from ragsnap.errors import ConfigError
+from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
+from ragsnap.generation import GenerationConfig
+
+
+def check_question(question: str, settings: Settings, param: str = "question") -> str:
+    if not question.strip():
+        raise ApiError(422, f"{param}: must not be empty", param=param, code="invalid_value")
+    if len(question) > settings.max_question_chars:
+        raise ApiError(
+            413,
+            f"{param}: longer than {settings.max_question_chars} characters",
+            param=param,
+            code="question_too_long",
+        )
+    return question
+
+
+def _inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> list[Document]:
+    if len(documents) > settings.max_documents:
+        raise ApiError(
+            413,
+            f"documents: {len(documents)} given, at most {settings.max_documents} allowed",
+            param="documents",
+            code="too_many_documents",
+        )
+    out: list[Document] = []
+    seen: set[str] = set()
+    total = 0
+    for i, doc in enumerate(documents):
+        size = len(doc.text.encode("utf-8")) + len(doc.title.encode("utf-8"))
+        if size > settings.max_document_bytes:
+            raise ApiError(
+                413,
+                f"documents[{i}]: {size} bytes, at most {settings.max_document_bytes} allowed",
+                param=f"documents[{i}].text",
+                code="document_too_large",
+            )
+        total += size
+        doc_id = str(doc.id) if doc.id is not None else str(i + 1)
+        if doc_id in seen:
+            raise ApiError(
+                422,
+                f"documents[{i}].id: duplicate id {doc_id!r}",
+                param=f"documents[{i}].id",
+                code="invalid_value",
+            )
+        seen.add(doc_id)
+        out.append(Document(id=doc_id, text=doc.text, title=doc.title))
+    if total > settings.max_total_bytes:
+        raise ApiError(
+            413,
+            f"documents: {total} bytes in all, at most {settings.max_total_bytes} allowed",
+            param="documents",
+            code="documents_too_large",
+        )
+    return out
+
+
+def resolve_documents(
+    fields: RetrievalFields, services: Services, settings: Settings
+) -> list[Document]:
+    """The request's documents: given inline (within the limits) or found by ``query``."""
+    if fields.documents is not None and fields.query is not None:
+        raise ApiError(
+            422, "give documents or query, not both", param="query", code="invalid_value"
+        )
+    if fields.documents is not None:
+        if not fields.documents:
+            raise ApiError(
+                422, "documents: give at least one", param="documents", code="invalid_value"
+            )
+        return _inline_documents(fields.documents, settings)
+    if fields.query is None:
+        raise ApiError(
+            422,
+            "give documents, or a query over the server's corpus",
+            param="documents",
+            code="missing_field",
+        )
+    if services.index is None:
+        raise ApiError(
+            422,
+            "query: this server has no corpus (set RAGSNAP_CORPUS_DIR)",
+            param="query",
+            code="no_corpus",
+        )
+    top_k = fields.top_k if fields.top_k is not None else settings.default_top_k
+    if top_k > settings.max_top_k:
+        raise ApiError(
+            422, f"top_k: at most {settings.max_top_k}", param="top_k", code="invalid_value"
+        )
+    found = services.index.retrieve(fields.query, top_k)
+    if not found:
+        raise ApiError(
+            422, "query: no passage of the corpus matches", param="query", code="no_passages"
+        )
+    return found
+
+
+def answer_options(
+    compression: CompressionIn | None,
+    settings: Settings,
+    *,
+    max_new_tokens: int | None,
+    temperature: float | None,
+    top_p: float | None,
+    seed: int | None,
+    tokens_param: str = "max_new_tokens",
+) -> AnswerOptions:
+    """Press and generation settings; a bad value is a 422 naming its field."""
+    default = min(settings.default_max_new_tokens, settings.max_new_tokens_limit)
+    tokens = max_new_tokens if max_new_tokens is not None else default
+    if tokens > settings.max_new_tokens_limit:
+        raise ApiError(
+            422,
+            f"{tokens_param}: at most {settings.max_new_tokens_limit}",
+            param=tokens_param,
+            code="invalid_value",
+        )
+    compression = compression or CompressionIn()
+    fields = compression.model_dump(exclude={"press"}, exclude_none=True)
+    try:
+        press = make_press(compression.press or DEFAULT_PRESS, **fields)
+    except ConfigError as exc:
+        param = f"compression.{exc.field}" if exc.field else "compression"
+        raise ApiError(422, f"{param}: {exc.message}", param=param, code="invalid_value") from None
+    generation = GenerationConfig(
+        max_new_tokens=tokens,
+        temperature=temperature or 0.0,
+        top_p=top_p if top_p is not None else 1.0,
+        seed=seed,
+    )
+    return AnswerOptions(press=press, generation=generation)
+
+
+def submit_job(
+    services: Services,
+    question: str,
+    documents: list[Document],
+    options: AnswerOptions,
+    namespace: str,
+    log: dict[str, Any],
+) -> AnswerJob:
+    """Queue an answer; 429 with ``Retry-After`` when the queue is full, 503 when stopping."""
+    job = AnswerJob(
+        request_id=str(log.get("request_id", uuid.uuid4().hex[:16])),
+        question=question,
+        documents=documents,
+        options=options,
+        namespace=namespace,
+    )
+    log["documents"] = len(documents)
+    try:
+        services.worker.submit(job)
+    except QueueFullError as exc:
+        raise ApiError(
+            429,
+            "the server is busy: too many requests are waiting; retry later",
+            code="queue_full",
+            headers={"Retry-After": str(exc.retry_after_s)},
+        ) from None
+    except WorkerStoppedError:
+        raise ApiError(
+            503,
+            "the server is not accepting answers",
+            code="not_ready",
+            headers={"Retry-After": "5"},
+        ) from None
+    return job
+
+
+def record_job(job: AnswerJob, log: dict[str, Any], client_gone: bool = False) -> None:
+    """Put the job's outcome and timings (never its text) into the request's log line."""
+    stats = job.stats
+    log["outcome"] = "cancelled" if client_gone else job.outcome
+    if job.queue_s is not None:
+        log["queue_s"] = round(job.queue_s, 4)
+    for key in (
+        "cache",
+        "prompt_tokens",
+        "kept_tokens",
+        "new_tokens",
+        "prefill_s",
+        "ttft_s",
+        "total_s",
+    ):
+        if key in stats:
+            log[key] = stats[key]
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def collect_answer(job: AnswerJob, request: Request) -> tuple[MetaEvent, DoneEvent]:
+    """Wait for the whole answer; cancel the job when the client goes away first."""
+    meta: MetaEvent | None = None
+    done: DoneEvent | None = None
+    failure: JobFailure | None = None
+
+    async def consume() -> None:
+        nonlocal meta, done, failure
+        async for item in job.stream():
+            if isinstance(item, JobFailure):
+                failure = item
+            elif isinstance(item, MetaEvent):
+                meta = item
+            elif isinstance(item, DoneEvent):
+                done = item
+
+    consumer = asyncio.ensure_future(consume())
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not consumer.done():
+            job.cancel()
+            consumer.cancel()
+    if failure is not None:
+        raise ApiError(failure.status, failure.message, param=failure.param, code=failure.code)
+    if meta is None or done is None:
+        job.cancel()
+        raise ApiError(
+            499 if job.cancelled.is_set() else 500, "the answer was cancelled", code="cancelled"
+        )
+    return meta, done
+
+
+def event_payload(event: AnswerEvent) -> dict[str, Any]:
+    """The JSON body of an event, as the ``/v1/answer`` stream sends it."""
+    if isinstance(event, MetaEvent):
+        return {k: v for k, v in asdict(event).items() if k != "type"}
+    if isinstance(event, TokenEvent):
+        return {"text": event.text}
+    if isinstance(event, CitationsEvent):
+        return {"citations": [c.to_dict() for c in event.citations]}
+    return {
+        "answer": event.answer,
+        "citations": [c.to_dict() for c in event.citations],
+        "stats": event.stats,
+    }

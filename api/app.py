@@ -1,0 +1,86 @@
+"""The FastAPI app, built in one function."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from api.errors import install_error_handlers
+from api.metrics import ServiceMetrics
+from api.middleware import GuardMiddleware, RequestLogMiddleware
+from api.routers import answer, health, openai_compat
+from api.services import Services, start_services
+from api.settings import Settings
+from ragsnap.engine import RagSnapEngine
+from ragsnap.errors import RagSnapError
+
+logger = logging.getLogger("ragsnap.api")
+
+
+def create_app(settings: Settings | None = None, engine: RagSnapEngine | None = None) -> FastAPI:
+    """Build the service.
+
+    With ``engine`` (already loaded) the worker starts with the app; without it the model
+    named by ``settings.model`` loads in the background while ``/healthz`` answers and
+    ``/readyz`` says 503. Either way one worker thread owns the engine until shutdown.
+    """
+    settings = settings or Settings()
+    metrics = ServiceMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loading: asyncio.Task[Services] | None = None
+        if engine is not None:
+            app.state.services = start_services(settings, metrics, engine)
+        else:
+            loading = asyncio.ensure_future(
+                asyncio.to_thread(start_services, settings, metrics, None)
+            )
+            loading.add_done_callback(lambda task: _adopt(app, task))
+        try:
+            yield
+        finally:
+            if loading is not None and not loading.done():
+                loading.cancel()
+            services: Services | None = getattr(app.state, "services", None)
+            if services is not None:
+                await asyncio.to_thread(services.worker.stop)
+                app.state.services = None
+
+    app = FastAPI(
+        title="ragsnap",
+        summary="Question answering over documents with a query-aware compressed KV cache",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.services = None
+    app.state.load_error = None
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(answer.router)
+    app.include_router(openai_compat.router)
+    # added last = outermost: the log line covers the guard's rejections too
+    app.add_middleware(GuardMiddleware, settings=settings)
+    app.add_middleware(RequestLogMiddleware, metrics=metrics)
+    return app
+
+
+def _adopt(app: FastAPI, task: asyncio.Task[Services]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is None:
+        app.state.services = task.result()
+        logger.info("ready: %s", app.state.services.model_id)
+    elif isinstance(error, RagSnapError):
+        app.state.load_error = error.message
+        logger.error("the model could not be loaded: %s", error.message)
+    else:
+        app.state.load_error = "the model could not be loaded (see the server log)"
+        logger.error("the model could not be loaded", exc_info=error)

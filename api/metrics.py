@@ -1,0 +1,94 @@
+"""Prometheus metrics of one app instance (its own registry: two apps never share counters)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class ServiceMetrics:
+    """Requests, queue depth, prefill/decode time, cache results and bytes, kept-token ratio."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "ragsnap_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.answers = Counter(
+            "ragsnap_answers", "answers by outcome (ok, cancelled, error)", ["outcome"], registry=r
+        )
+        self.rejected = Counter("ragsnap_queue_rejections", "requests refused with 429", registry=r)
+        self.queue_depth = Gauge(
+            "ragsnap_queue_depth", "requests waiting for the worker", registry=r
+        )
+        self.worker_busy = Gauge("ragsnap_worker_busy", "1 while the worker answers", registry=r)
+        self.queue_wait = Histogram(
+            "ragsnap_queue_wait_seconds",
+            "time from accepted to started",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.prefill = Histogram(
+            "ragsnap_prefill_seconds",
+            "prefill (and compression) time",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.decode = Histogram(
+            "ragsnap_decode_seconds", "decode time per answer", buckets=_SECONDS, registry=r
+        )
+        self.ttft = Histogram(
+            "ragsnap_time_to_first_token_seconds",
+            "engine time to first token",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.cache_lookups = Counter(
+            "ragsnap_cache_lookups",
+            "KV cache results (hit, prefix_hit, miss, off...)",
+            ["result"],
+            registry=r,
+        )
+        self.kv_bytes = Counter(
+            "ragsnap_kv_bytes",
+            "KV cache bytes of answered prompts (full vs kept)",
+            ["kind"],
+            registry=r,
+        )
+        self.kept_ratio = Histogram(
+            "ragsnap_kept_token_ratio",
+            "kept tokens per KV head / prompt tokens",
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+            registry=r,
+        )
+
+    def track_queue(self, depth: Callable[[], float], busy: Callable[[], float]) -> None:
+        self.queue_depth.set_function(depth)
+        self.worker_busy.set_function(busy)
+
+    def observe_answer(self, stats: dict[str, Any]) -> None:
+        """Record the engine statistics of one finished answer (the ``done`` event's stats)."""
+        if stats.get("prefill_s") is not None:
+            self.prefill.observe(float(stats["prefill_s"]) + float(stats.get("compress_s") or 0.0))
+        if stats.get("decode_ms_per_token") is not None:
+            self.decode.observe(
+                float(stats["decode_ms_per_token"]) * int(stats.get("new_tokens", 0)) / 1000
+            )
+        if stats.get("ttft_s") is not None:
+            self.ttft.observe(float(stats["ttft_s"]))
+        self.cache_lookups.labels(str(stats.get("cache", "off"))).inc()
+        for kind in ("full", "kept"):
+            value = stats.get(f"kv_bytes_{kind}")
+            if isinstance(value, int):
+                self.kv_bytes.labels(kind).inc(value)
+        prompt, kept = stats.get("prompt_tokens"), stats.get("kept_tokens")
+        if prompt and kept is not None:
+            self.kept_ratio.observe(min(1.0, kept / prompt))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""Thin routers: parse, check, queue, stream."""

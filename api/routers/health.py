@@ -1,0 +1,48 @@
+"""``/healthz`` (the process answers), ``/readyz`` (model loaded, cache state), ``/metrics``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from api.deps import MetricsDep
+from api.services import Services
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    services: Services | None = getattr(request.app.state, "services", None)
+    if services is None or not services.ready:
+        error = getattr(request.app.state, "load_error", None)
+        body: dict[str, Any] = {
+            "status": "failed" if error else "loading",
+            "model": None,
+            "cache": {"state": "unknown"},
+        }
+        if error:
+            body["error"] = error
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+    body = {
+        "status": "ready",
+        "model": services.model_id,
+        "device": str(services.engine.device),
+        "cache": services.cache_state(),
+        "corpus_passages": len(services.index) if services.index is not None else None,
+        "queue": {"waiting": services.worker.depth, "busy": services.worker.busy},
+    }
+    return JSONResponse(body)
+
+
+@router.get("/metrics")
+async def metrics(registry: MetricsDep) -> Response:
+    return Response(registry.render(), media_type=CONTENT_TYPE_LATEST)

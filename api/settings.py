@@ -1,0 +1,65 @@
+"""Service settings: environment variables with the ``RAGSNAP_`` prefix (or keyword arguments)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told. Every limit has a default that fits the
+    embedded model; ``api_keys`` is empty by default (no authentication)."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSNAP_", extra="ignore")
+
+    # where to listen and what to serve
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    model: str = "embedded"
+    device: str = "auto"
+    cache_url: str | None = Field(
+        None,
+        description="KV cache store URL (redis://, file://PATH, none); unset = ragsnap's default",
+    )
+    corpus_dir: str | None = Field(None, description="folder searched by the `query` field")
+    served_model_name: str = Field("ragsnap", description="alias accepted as `model` on /v1")
+
+    # authentication: comma-separated keys; each key gets its own cache namespace
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+
+    # request limits
+    max_documents: int = Field(32, ge=1)
+    max_document_bytes: int = Field(64_000, ge=1)
+    max_total_bytes: int = Field(512_000, ge=1)
+    max_question_chars: int = Field(2_000, ge=1)
+    max_new_tokens_limit: int = Field(512, ge=1)
+    default_max_new_tokens: int = Field(128, ge=1)
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_top_k: int = Field(20, ge=1)
+    default_top_k: int = Field(4, ge=1)
+
+    # the worker queue
+    max_queue: int = Field(8, ge=1, description="requests allowed to wait for the worker")
+    retry_after_s: int = Field(2, ge=1, description="smallest Retry-After sent with a 429")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)
+
+    def key_digests(self) -> dict[str, str]:
+        """sha256 of each API key -> the namespace its requests use (never the key itself)."""
+        out = {}
+        for key in self.api_keys:
+            digest = hashlib.sha256(key.get_secret_value().encode("utf-8")).hexdigest()
+            out[digest] = f"key-{digest[:16]}"
+        return out

@@ -1,0 +1,25 @@
+"""The compressed-KV cache: stores (Redis, on-disk, none), serialization, keys, the cached prefill."""
+
+from __future__ import annotations
+
+from ragsnap.cache.store import (
+    CACHE_URL_ENV,
+    DEFAULT_NAMESPACE,
+    EntryKey,
+    KVStore,
+    NullKVStore,
+    StoreUnavailable,
+    default_cache_url,
+    open_store,
+)
+
+__all__ = [
+    "CACHE_URL_ENV",
+    "DEFAULT_NAMESPACE",
+    "EntryKey",
+    "KVStore",
+    "NullKVStore",
+    "StoreUnavailable",
+    "default_cache_url",
+    "open_store",
+]

@@ -1,0 +1,314 @@
+"""The cached prefill: lookup -> hit / prefix hit / miss, then store.
+
+hit         the compressed KV and the prompt's last logits are loaded; no forward pass.
+prefix hit  the full KV of the document prefix is loaded and only the tail (the question
+            and the generation prompt) is prefilled on top of it, then compressed with the
+            tail's own observation window; when the tail is shorter than the window, the
+            loaded prefix is cropped so the forward pass covers the whole window.
+miss        the prompt is prefilled, in the same two steps when a prefix entry is wanted
+            (prefix, then tail), so a later prefix hit repeats exactly this computation.
+
+Store errors never fail a request: an unreachable store makes the answer ``unavailable``
+and computes without it; a damaged or stale entry is deleted and recomputed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ragsnap.cache import keys
+from ragsnap.cache.serialization import (
+    StaleEntry,
+    deserialize_prefill,
+    deserialize_prefix,
+    serialize_prefill,
+    serialize_prefix,
+)
+from ragsnap.cache.store import EntryKey, KVStore, StoreUnavailable
+from ragsnap.compression import Press
+from ragsnap.kv import cache_nbytes
+
+if TYPE_CHECKING:
+    from ragsnap.engine import PrefillResult, RagSnapEngine
+    from ragsnap.retrieval.prompt import PromptLayout
+
+logger = logging.getLogger(__name__)
+
+# presses whose selection depends only on the observation window's queries (and the keys),
+# so a prefill of the tail alone over a loaded prefix selects what a full prefill selects
+PREFIX_SAFE_PRESSES = frozenset({"snapkv", "pyramidkv", "streamingllm", "random", "full"})
+FLIGHT_WAIT_S = 600.0
+
+
+@dataclass
+class CacheReport:
+    """What the cache did for one answer; ``status`` is off|miss|hit|prefix-hit|unavailable."""
+
+    status: str = "off"
+    bytes_read: int = 0
+    bytes_written: int = 0
+    load_s: float = 0.0
+    pending: list[tuple[EntryKey, Callable[[], bytes]]] = field(default_factory=list, repr=False)
+
+    def as_stats(self) -> dict[str, Any]:
+        return {
+            "cache": self.status,
+            "cache_bytes_read": self.bytes_read,
+            "cache_bytes_written": self.bytes_written,
+            "cache_load_s": round(self.load_s, 4),
+        }
+
+
+def window_floor(press: Press) -> int:
+    """Positions the final forward pass must cover for ``press`` (its observation window)."""
+    return max(1, int(getattr(press, "window", 1) or 1))
+
+
+class CachedPrefill:
+    """Prefill through a :class:`KVStore` for one engine."""
+
+    def __init__(
+        self,
+        engine: RagSnapEngine,
+        store: KVStore,
+        *,
+        prefix_cache: bool = True,
+        storage_dtype: torch.dtype | None = None,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.prefix_cache = prefix_cache
+        self.storage_dtype = storage_dtype
+
+    # -- keys -------------------------------------------------------------------------
+
+    def _model_identity(self) -> dict[str, str]:
+        loaded = self.engine.loaded
+        dtype = str(next(self.engine.model.parameters()).dtype).removeprefix("torch.")
+        return keys.model_identity(loaded.model_id, loaded.revision, dtype, loaded.device.type)
+
+    def _storage_label(self) -> str | None:
+        return None if self.storage_dtype is None else str(self.storage_dtype).removeprefix("torch.")
+
+    def entry_keys(
+        self, layout: PromptLayout, press: Press, question: str, namespace: str | None
+    ) -> tuple[EntryKey, EntryKey]:
+        """The compressed-entry key and the prefix-entry key of this prompt."""
+        model = self._model_identity()
+        doc_hashes = [d.content_hash for d in layout.documents]
+        compressed = keys.compressed_key(
+            namespace,
+            model=model,
+            template_version=layout.template_version,
+            press_config=press.config(),
+            doc_hashes=doc_hashes,
+            question=question,
+            prompt_ids=layout.input_ids,
+            storage_dtype=self._storage_label(),
+        )
+        prefix = keys.prefix_key(
+            namespace,
+            model=model,
+            template_version=layout.template_version,
+            doc_hashes=doc_hashes,
+            prefix_ids=layout.input_ids[: layout.prefix_len],
+            storage_dtype=self._storage_label(),
+        )
+        return compressed, prefix
+
+    def prefix_start(self, layout: PromptLayout, press: Press) -> int:
+        """Where the final forward pass starts when the prefix is reused; 0 = no reuse."""
+        if not self.prefix_cache or press.name not in PREFIX_SAFE_PRESSES or not layout.documents:
+            return 0
+        return max(0, min(layout.prefix_len, layout.num_tokens - window_floor(press)))
+
+    # -- the request ------------------------------------------------------------------
+
+    def prefill(
+        self, layout: PromptLayout, press: Press, question: str, namespace: str | None
+    ) -> tuple[PrefillResult, CacheReport]:
+        """The prompt's compressed cache, from the store when possible. Never raises for the store."""
+        report = CacheReport(status="miss")
+        ckey, pkey = self.entry_keys(layout, press, question, namespace)
+        loaded = self._load_compressed(ckey, report)
+        if loaded is not None:
+            return loaded, report
+        if report.status == "unavailable":
+            return self._compute(layout, press, pkey, report, store=False), report
+        with self.store.exclusive(ckey, wait_s=FLIGHT_WAIT_S):
+            loaded = self._load_compressed(ckey, report)  # another request computed it meanwhile
+            if loaded is not None:
+                return loaded, report
+            storing = report.status != "unavailable"
+            result = self._compute(layout, press, pkey, report, store=storing)
+            if storing:
+                self._put(ckey, lambda: self._serialize(result), report)
+        return result, report
+
+    def finish(self, report: CacheReport) -> None:
+        """Write what was left for after the answer (the prefix entry)."""
+        pending, report.pending = report.pending, []
+        for key, payload in pending:
+            if report.status == "unavailable":
+                return
+            self._put(key, payload, report)
+
+    # -- store access, never raising ----------------------------------------------------
+
+    def _get(self, key: EntryKey, report: CacheReport) -> bytes | None:
+        try:
+            return self.store.get(key)
+        except StoreUnavailable as exc:
+            logger.warning("cache unavailable, answering without it: %s", exc)
+            report.status = "unavailable"
+        except Exception:  # a cache must never fail a request
+            logger.exception("cache read failed for %s; treating it as a miss", key.digest[:12])
+        return None
+
+    def _put(self, key: EntryKey, payload: Callable[[], bytes], report: CacheReport) -> None:
+        try:
+            data = payload()
+            if self.store.put(key, data):
+                report.bytes_written += len(data)
+        except StoreUnavailable as exc:
+            logger.warning("cache unavailable, entry not stored: %s", exc)
+            report.status = "unavailable"
+        except Exception:
+            logger.exception("cache write failed for %s; the answer goes on", key.digest[:12])
+
+    def _drop(self, key: EntryKey, reason: Exception) -> None:
+        logger.warning("cache entry %s unusable (%s); deleting and recomputing", key.digest[:12], reason)
+        try:
+            self.store.delete(key)
+        except Exception as exc:
+            logger.warning("cannot delete cache entry %s: %s", key.digest[:12], exc)
+
+    # -- hit --------------------------------------------------------------------------
+
+    def _load_compressed(self, key: EntryKey, report: CacheReport) -> PrefillResult | None:
+        from ragsnap.engine import PrefillResult
+
+        started = time.perf_counter()
+        payload = self._get(key, report)
+        if payload is None:
+            return None
+        loaded = self.engine.loaded
+        try:
+            stored = deserialize_prefill(
+                payload, model_id=loaded.model_id, revision=loaded.revision, device=loaded.device
+            )
+        except StaleEntry as exc:
+            self._drop(key, exc)
+            return None
+        cache = self._cache_from(stored.layers)
+        report.status = "hit"
+        report.bytes_read += len(payload)
+        report.load_s += time.perf_counter() - started
+        extra = {"bias": stored.decode_bias} if "bias" in PrefillResult.__dataclass_fields__ else {}
+        return PrefillResult(
+            cache=cache,
+            original_length=stored.original_length,
+            next_logits=stored.next_logits,
+            kept=stored.kept,
+            press_config=stored.press_config,
+            prefill_s=0.0,
+            compress_s=0.0,
+            kv_bytes_full=stored.kv_bytes_full,
+            kv_bytes_kept=cache_nbytes(cache),
+            processed_tokens=0,
+            **extra,
+        )
+
+    def _cache_from(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """A model cache holding ``layers`` as they are (no copy for plain dynamic layers)."""
+        from transformers.cache_utils import DynamicLayer
+
+        cache = self.engine.new_cache()
+        for layer, (k, v) in zip(cache.layers, layers, strict=True):
+            if type(layer) is DynamicLayer:
+                layer.lazy_initialization(k, v)
+                layer.keys, layer.values = k, v
+            else:  # sliding layers keep extra counters: let them account for the entries
+                layer.update(k, v)
+        return cache
+
+    # -- prefix hit and miss ----------------------------------------------------------
+
+    def _compute(
+        self, layout: PromptLayout, press: Press, pkey: EntryKey, report: CacheReport, *, store: bool
+    ) -> PrefillResult:
+        start = self.prefix_start(layout, press)
+        if start <= 0:
+            return self.engine.prefill(layout.input_ids, press)
+        prefix = self._load_prefix(pkey, layout, report) if store else None
+        if prefix is not None:
+            report.status = "prefix-hit"
+        else:
+            prefix = self._prefill_prefix(layout.input_ids[: layout.prefix_len])
+            if store:
+                loaded = self.engine.loaded
+                report.pending.append(
+                    (
+                        pkey,
+                        lambda: serialize_prefix(
+                            prefix,
+                            prefix_len=layout.prefix_len,
+                            model_id=loaded.model_id,
+                            revision=loaded.revision,
+                            storage_dtype=self.storage_dtype,
+                        ),
+                    )
+                )
+        with torch.inference_mode():
+            cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
+        return self.engine.prefill(layout.input_ids, press, cache=self._cache_from(cropped), start=start)
+
+    def _prefill_prefix(self, prefix_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Full KV of the document prefix, ``[1, Hkv, P, D]`` per layer (no compression)."""
+        cache = self.engine.new_cache()
+        self.engine.forward(prefix_ids, cache, 0)
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    def _load_prefix(
+        self, key: EntryKey, layout: PromptLayout, report: CacheReport
+    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        started = time.perf_counter()
+        payload = self._get(key, report)
+        if payload is None:
+            return None
+        loaded = self.engine.loaded
+        try:
+            layers = deserialize_prefix(
+                payload,
+                model_id=loaded.model_id,
+                revision=loaded.revision,
+                prefix_len=layout.prefix_len,
+                device=loaded.device,
+            )
+        except StaleEntry as exc:
+            self._drop(key, exc)
+            return None
+        report.bytes_read += len(payload)
+        report.load_s += time.perf_counter() - started
+        return layers
+
+    def _serialize(self, result: PrefillResult) -> bytes:
+        loaded = self.engine.loaded
+        return serialize_prefill(
+            [(layer.keys, layer.values) for layer in result.cache.layers],
+            result.kept,
+            result.next_logits,
+            original_length=result.original_length,
+            press_config=result.press_config,
+            kv_bytes_full=result.kv_bytes_full,
+            model_id=loaded.model_id,
+            revision=loaded.revision,
+            storage_dtype=self.storage_dtype,
+            decode_bias=getattr(result, "bias", None),
+        )

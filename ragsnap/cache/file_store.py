@@ -1,0 +1,193 @@
+"""The embedded default store: one file per entry in a directory, with a size cap.
+
+Layout: ``ROOT/<namespace>/<kind>-<digest>.kv``; each file is a magic line, the sha256 of
+the payload and the payload. Writes go to a temporary file and are renamed into place, so
+a reader sees a whole entry or none; reading touches the file's mtime, and the oldest
+files go first when the directory grows past ``max_bytes``. Eviction and per-entry
+computation hold :mod:`filelock` locks, so two processes can share one directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from ragsnap.cache.store import EntryKey, KVStore, namespace_label
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"RAGSNAP-KV-FILE-1\n"
+DIGEST_BYTES = 32
+DEFAULT_MAX_BYTES = 4 * 2**30
+SUFFIX = ".kv"
+_STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
+_LOCK_STRIPES = 256  # entry locks are striped so lock files never pile up
+
+
+class FileKVStore(KVStore):
+    """Cache entries as files under ``root``, at most ``max_bytes`` in all (least recently used go first)."""
+
+    scheme = "file"
+
+    def __init__(self, root: str | Path, max_bytes: int | None = None) -> None:
+        super().__init__()
+        self.root = Path(root)
+        self.max_bytes = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
+        self._locks = self.root / ".locks"
+
+    def describe(self) -> str:
+        return f"file://{self.root}"
+
+    # -- paths and locks --------------------------------------------------------------
+
+    def _path(self, key: EntryKey) -> Path:
+        return self.root / key.label / f"{key.kind}-{key.digest}{SUFFIX}"
+
+    def _ensure_dirs(self, *dirs: Path) -> None:
+        for d in (self._locks, *dirs):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def _eviction_lock(self) -> FileLock:
+        self._ensure_dirs()
+        return FileLock(str(self._locks / "evict.lock"))
+
+    @contextmanager
+    def exclusive(self, key: EntryKey, wait_s: float = 300.0) -> Iterator[None]:
+        with self._local_lock(key, wait_s):
+            stripe = int(key.digest[:8], 16) % _LOCK_STRIPES
+            try:
+                self._ensure_dirs()
+                lock: FileLock | None = FileLock(str(self._locks / f"entry-{stripe:03d}.lock"))
+                lock.acquire(timeout=wait_s)
+            except (Timeout, OSError) as exc:
+                logger.warning("file cache: no entry lock (%s); computing without it", exc)
+                lock = None
+            try:
+                yield
+            finally:
+                if lock is not None:
+                    lock.release()
+
+    # -- entries ----------------------------------------------------------------------
+
+    def get(self, key: EntryKey) -> bytes | None:
+        path = self._path(key)
+        head = len(MAGIC) + DIGEST_BYTES
+        try:
+            with open(path, "rb") as handle:
+                header = handle.read(head)
+                payload = handle.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            logger.warning("file cache: cannot read %s: %s", path.name, exc)
+            return None
+        if (
+            len(header) < head
+            or header[: len(MAGIC)] != MAGIC
+            or hashlib.sha256(payload).digest() != header[len(MAGIC) :]
+        ):
+            logger.warning("file cache: %s is damaged; deleting it", path.name)
+            self.delete(key)
+            return None
+        try:
+            os.utime(path)  # least recently used goes first
+        except OSError:
+            pass
+        return payload
+
+    def put(self, key: EntryKey, payload: bytes) -> bool:
+        path = self._path(key)
+        size = len(MAGIC) + DIGEST_BYTES + len(payload)
+        if size > self.max_bytes:
+            logger.warning("file cache: entry of %d bytes exceeds the cap of %d; not stored", size, self.max_bytes)
+            return False
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        try:
+            self._ensure_dirs(path.parent)
+            with open(tmp, "wb") as handle:
+                handle.write(MAGIC)
+                handle.write(hashlib.sha256(payload).digest())
+                handle.write(payload)
+            os.replace(tmp, path)
+        except OSError as exc:  # a full disk, a read-only directory: the answer goes on
+            logger.warning("file cache: cannot write %s: %s", path.name, exc)
+            tmp.unlink(missing_ok=True)
+            return False
+        self._evict(keep=path)
+        return True
+
+    def delete(self, key: EntryKey) -> None:
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            logger.warning("file cache: cannot delete %s: %s", key.digest, exc)
+
+    def _entries(self, namespace: str | None = None) -> Iterator[tuple[Path, os.stat_result]]:
+        dirs = [self.root / namespace_label(namespace)] if namespace is not None else (
+            [d for d in self.root.iterdir() if d.is_dir() and d.name != ".locks"]
+            if self.root.is_dir() else []
+        )
+        for d in dirs:
+            if not d.is_dir():
+                continue
+            for path in d.iterdir():
+                try:
+                    yield path, path.stat()
+                except FileNotFoundError:  # removed by another process meanwhile
+                    continue
+
+    def _evict(self, keep: Path) -> None:
+        """Delete least recently used entries until the directory fits ``max_bytes``."""
+        try:
+            with self._eviction_lock():
+                now = time.time()
+                entries = []
+                for path, st in self._entries():
+                    if path.name.endswith(".tmp"):
+                        if now - st.st_mtime > _STALE_TMP_S:
+                            path.unlink(missing_ok=True)
+                        continue
+                    if path.suffix == SUFFIX:
+                        entries.append((st.st_mtime, st.st_size, path))
+                total = sum(size for _, size, _ in entries)
+                for _, size, path in sorted(entries):
+                    if total <= self.max_bytes:
+                        break
+                    if path == keep:
+                        continue
+                    path.unlink(missing_ok=True)
+                    total -= size
+                    logger.info("file cache: evicted %s (%d bytes)", path.name, size)
+        except OSError as exc:
+            logger.warning("file cache: eviction failed: %s", exc)
+
+    def clear(self, namespace: str | None = None) -> int:
+        removed = 0
+        for path, _ in list(self._entries(namespace)):
+            if path.suffix == SUFFIX:
+                path.unlink(missing_ok=True)
+                removed += 1
+        if namespace is not None:
+            shutil.rmtree(self.root / namespace_label(namespace), ignore_errors=True)
+        return removed
+
+    def stats(self, namespace: str | None = None) -> dict[str, Any]:
+        sizes = [st.st_size for path, st in self._entries(namespace) if path.suffix == SUFFIX]
+        return {
+            "backend": "file",
+            "url": self.describe(),
+            "state": "ok",
+            "entries": len(sizes),
+            "bytes": sum(sizes),
+            "max_bytes": self.max_bytes,
+        }

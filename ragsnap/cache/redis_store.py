@@ -1,0 +1,277 @@
+"""Cache entries in Redis: chunked values, the manifest written last in one MULTI/EXEC.
+
+Keys (``{digest}`` is a Redis Cluster hash tag, so an entry's parts share a slot)::
+
+    ragsnap:v1:<namespace>:<kind>:{<digest>}:manifest   JSON: chunks, bytes, sha256
+    ragsnap:v1:<namespace>:<kind>:{<digest>}:chunk:<i>  the payload, a few MiB per chunk
+    ragsnap:v1:<namespace>:<kind>:{<digest>}:lock       single flight across processes
+
+Every part carries a TTL. A missing chunk or a checksum mismatch reads as a miss and the
+entry is deleted. When Redis cannot be reached, calls raise :class:`StoreUnavailable` and
+the store stays quiet for a growing backoff before it tries the connection again.
+Run Redis as a cache: ``maxmemory`` with ``allkeys-lru``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ragsnap.cache.store import EntryKey, KVStore, StoreUnavailable, namespace_label, parse_size
+
+logger = logging.getLogger(__name__)
+
+KEY_ROOT = "ragsnap:v1"
+DEFAULT_TTL_S = 7 * 24 * 3600
+DEFAULT_CHUNK_BYTES = 4 * 2**20
+LOCK_TTL_S = 120.0
+_POLL_S = 0.05
+_OWN_OPTIONS = ("ttl", "chunk_bytes", "backoff", "max_backoff")
+# delete the lock only if it is still ours (it may have expired and been taken over)
+_RELEASE_LUA = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+T = TypeVar("T")
+
+
+class RedisKVStore(KVStore):
+    """A :class:`KVStore` on Redis (``redis://``, ``rediss://`` or ``unix://``)."""
+
+    scheme = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl_s: int = DEFAULT_TTL_S,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        socket_timeout_s: float = 10.0,
+    ) -> None:
+        super().__init__()
+        if ttl_s < 1 or chunk_bytes < 1:
+            raise ValueError("ttl_s and chunk_bytes must be positive")
+        self.url = url
+        self.ttl_s = int(ttl_s)
+        self.chunk_bytes = int(chunk_bytes)
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        # no client-side retries: an unreachable server must cost one short timeout, not several
+        self.client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=min(1.0, socket_timeout_s),
+            socket_timeout=socket_timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._release = self.client.register_script(_RELEASE_LUA)
+        self._state_lock = threading.Lock()
+        self._failures = 0
+        self._down_until = 0.0
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisKVStore:
+        """Build from a URL; ``ttl``, ``chunk_bytes``, ``backoff`` and ``max_backoff`` query
+        options are ours, every other option goes to redis-py."""
+        parts = urlsplit(url)
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        own = {k: query.pop(k) for k in _OWN_OPTIONS if k in query}
+        kwargs: dict[str, Any] = {}
+        if "ttl" in own:
+            kwargs["ttl_s"] = int(own["ttl"])
+        if "chunk_bytes" in own:
+            kwargs["chunk_bytes"] = parse_size(own["chunk_bytes"])
+        if "backoff" in own:
+            kwargs["backoff_s"] = float(own["backoff"])
+        if "max_backoff" in own:
+            kwargs["max_backoff_s"] = float(own["max_backoff"])
+        return cls(urlunsplit(parts._replace(query=urlencode(query))), **kwargs)
+
+    def describe(self) -> str:
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+    # -- availability -----------------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _call(self, operation: Callable[[redis.Redis], T]) -> T:
+        if not self.available:
+            raise StoreUnavailable(f"redis at {self.describe()} is unavailable (retrying later)")
+        try:
+            result = operation(self.client)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            with self._state_lock:
+                self._failures += 1
+                wait = min(self.max_backoff_s, self.backoff_s * 2 ** (self._failures - 1))
+                self._down_until = time.monotonic() + wait
+            logger.warning("redis cache unreachable (%s); retrying in %.1fs", exc, wait)
+            raise StoreUnavailable(str(exc)) from exc
+        if self._failures:
+            with self._state_lock:
+                self._failures, self._down_until = 0, 0.0
+            logger.info("redis cache reachable again")
+        return result
+
+    # -- keys ------------------------------------------------------------------------
+
+    @staticmethod
+    def _base(key: EntryKey) -> str:
+        return f"{KEY_ROOT}:{key.label}:{key.kind}:{{{key.digest}}}"
+
+    def _chunk_keys(self, key: EntryKey, count: int) -> list[str]:
+        base = self._base(key)
+        return [f"{base}:chunk:{i}" for i in range(count)]
+
+    # -- entries ----------------------------------------------------------------------
+
+    def get(self, key: EntryKey) -> bytes | None:
+        base = self._base(key)
+        raw = self._call(lambda r: r.get(f"{base}:manifest"))
+        if raw is None:
+            return None
+        try:
+            manifest = json.loads(raw)
+            count, size, digest = int(manifest["chunks"]), int(manifest["bytes"]), manifest["sha256"]
+        except (ValueError, KeyError, TypeError):
+            logger.warning("redis cache: unreadable manifest for %s; deleting", base)
+            self.delete(key)
+            return None
+        chunks = self._call(lambda r: r.mget(self._chunk_keys(key, count))) if count else []
+        if any(c is None for c in chunks):
+            logger.warning("redis cache: %s lost a chunk (evicted?); deleting", base)
+            self.delete(key)
+            return None
+        payload = b"".join(chunks)
+        if len(payload) != size or hashlib.sha256(payload).hexdigest() != digest:
+            logger.warning("redis cache: checksum mismatch for %s; deleting", base)
+            self.delete(key)
+            return None
+        return payload
+
+    def put(self, key: EntryKey, payload: bytes) -> bool:
+        base = self._base(key)
+        view = memoryview(payload)
+        count = -(-len(payload) // self.chunk_bytes)
+        manifest = json.dumps(
+            {
+                "chunks": count,
+                "bytes": len(payload),
+                "sha256": hashlib.sha256(payload).hexdigest(),
+                "created": time.time(),
+            }
+        )
+
+        def write(r: redis.Redis) -> None:
+            pipe = r.pipeline(transaction=True)
+            for i, name in enumerate(self._chunk_keys(key, count)):
+                pipe.set(name, view[i * self.chunk_bytes : (i + 1) * self.chunk_bytes], ex=self.ttl_s)
+            pipe.set(f"{base}:manifest", manifest, ex=self.ttl_s)  # last: readers see all or nothing
+            pipe.execute()
+
+        try:
+            self._call(write)
+        except redis.ResponseError as exc:  # OOM under maxmemory, a read-only replica...
+            logger.warning("redis cache refused %s (%d bytes): %s", base, len(payload), exc)
+            return False
+        return True
+
+    def delete(self, key: EntryKey) -> None:
+        base = self._base(key)
+
+        def remove(r: redis.Redis) -> None:
+            raw = r.get(f"{base}:manifest")
+            count = 0
+            if raw is not None:
+                try:
+                    count = int(json.loads(raw)["chunks"])
+                except (ValueError, KeyError, TypeError):
+                    count = 0
+            names = [f"{base}:manifest", *self._chunk_keys(key, count)]
+            if count == 0:  # no usable manifest: find the chunks by pattern
+                names += list(r.scan_iter(match=f"{base}:chunk:*", count=1000))
+            r.unlink(*names)
+
+        try:
+            self._call(remove)
+        except redis.ResponseError as exc:
+            logger.warning("redis cache: cannot delete %s: %s", base, exc)
+
+    def _scan(self, namespace: str | None, suffix: str = "*") -> list[bytes]:
+        pattern = f"{KEY_ROOT}:{namespace_label(namespace)}:{suffix}" if namespace is not None \
+            else f"{KEY_ROOT}:{suffix}"
+        return self._call(lambda r: list(r.scan_iter(match=pattern, count=1000)))
+
+    def clear(self, namespace: str | None = None) -> int:
+        names = self._scan(namespace)
+        entries = sum(1 for n in names if n.endswith(b":manifest"))
+        for i in range(0, len(names), 500):
+            batch = names[i : i + 500]
+            self._call(lambda r, batch=batch: r.unlink(*batch))
+        return entries
+
+    def stats(self, namespace: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"backend": "redis", "url": self.describe()}
+        try:
+            manifests = [n for n in self._scan(namespace) if n.endswith(b":manifest")]
+            raws = self._call(lambda r: r.mget(manifests)) if manifests else []
+            memory = self._call(lambda r: r.info("memory"))
+        except StoreUnavailable:
+            return {**out, "state": "unavailable", "entries": None, "bytes": None}
+        sizes = [int(json.loads(raw)["bytes"]) for raw in raws if raw is not None]
+        return {
+            **out,
+            "state": "ok",
+            "entries": len(sizes),
+            "bytes": sum(sizes),
+            "used_memory": memory.get("used_memory"),
+            "maxmemory": memory.get("maxmemory"),
+            "maxmemory_policy": memory.get("maxmemory_policy"),
+        }
+
+    # -- single flight ----------------------------------------------------------------
+
+    @contextmanager
+    def exclusive(self, key: EntryKey, wait_s: float = 300.0) -> Iterator[None]:
+        """One computation of ``key`` at a time across processes: a lock with a TTL, polled
+        by the others until it is free or the entry exists (then the caller reads it)."""
+        with self._local_lock(key, wait_s):
+            base = self._base(key)
+            token = uuid.uuid4().hex
+            held = False
+            deadline = time.monotonic() + wait_s
+            try:
+                while time.monotonic() < deadline:
+                    held = bool(
+                        self._call(lambda r: r.set(f"{base}:lock", token, nx=True, px=int(LOCK_TTL_S * 1000)))
+                    )
+                    if held or self._call(lambda r: r.exists(f"{base}:manifest")):
+                        break
+                    time.sleep(_POLL_S)
+            except (StoreUnavailable, redis.ResponseError):
+                held = False  # compute without the lock; the cache is off for now anyway
+            try:
+                yield
+            finally:
+                if held:
+                    try:
+                        self._call(lambda r: self._release(keys=[f"{base}:lock"], args=[token]))
+                    except (StoreUnavailable, redis.ResponseError):
+                        pass  # it expires on its own
+
+    def close(self) -> None:
+        self.client.close()

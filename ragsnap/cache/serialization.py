@@ -1,0 +1,267 @@
+"""Cache entries as safetensors payloads (no pickle), and back.
+
+A compressed entry holds, per cache layer ``i``, ``k.i``/``v.i`` (``[1, Hkv, n_i, D]``);
+per compressed layer ``j`` (``kept_layers[j]`` names its cache layer) the kept positions
+``idx.j`` (``[1, Hkv, n]``, int16/int32 on disk) and, when the press made them, ``bias.j``
+and ``exact.j``; and ``logits`` (``[1, V]``), the prompt's last logits, so a hit needs no
+forward pass before its first token. A prefix entry holds ``k.i``/``v.i`` of the document
+prefix only. The safetensors metadata carries the format version, model, lengths, press
+config and dtypes; an entry of another format version is :class:`StaleEntry`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ragsnap.compression import CompressedLayer
+
+FORMAT_VERSION = "1"
+KIND_COMPRESSED = "kv"
+KIND_PREFIX = "prefix"
+_HEADER_LIMIT = 100 * 2**20  # safetensors' own cap on the JSON header
+
+
+class StaleEntry(ValueError):
+    """A payload that is not a usable entry: another format version, model or kind."""
+
+
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    """``"bfloat16"`` -> ``torch.bfloat16``; None or ``"auto"`` -> None (the model's dtype)."""
+    if name is None or name in {"", "auto", "model"}:
+        return None
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"not a floating-point torch dtype: {name!r}")
+    return dtype
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _plain(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A contiguous CPU tensor owning its memory (safetensors refuses shared storage)."""
+    out = tensor.detach().to("cpu", dtype=dtype or tensor.dtype)
+    if not out.is_contiguous() or out.untyped_storage().nbytes() != out.nbytes:
+        out = out.contiguous().clone()
+    return out
+
+
+def _positions_dtype(length: int) -> torch.dtype:
+    return torch.int16 if length <= torch.iinfo(torch.int16).max else torch.int32
+
+
+def read_metadata(payload: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors payload, without touching its tensors."""
+    if len(payload) < 8:
+        raise StaleEntry("payload too short for safetensors")
+    size = int.from_bytes(payload[:8], "little")
+    if size > min(_HEADER_LIMIT, len(payload) - 8):
+        raise StaleEntry("bad safetensors header size")
+    try:
+        header = json.loads(bytes(payload[8 : 8 + size]))
+    except ValueError as exc:
+        raise StaleEntry("unreadable safetensors header") from exc
+    return dict(header.get("__metadata__") or {})
+
+
+def _check(meta: dict[str, str], kind: str, model_id: str, revision: str) -> None:
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise StaleEntry(f"format version {meta.get('format_version')!r}, expected {FORMAT_VERSION!r}")
+    if meta.get("kind") != kind:
+        raise StaleEntry(f"entry kind {meta.get('kind')!r}, expected {kind!r}")
+    if meta.get("model_id") != model_id or meta.get("revision") != revision:
+        raise StaleEntry("entry belongs to another model")
+
+
+def _load_tensors(payload: bytes) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load
+
+    try:
+        return load(payload)
+    except Exception as exc:  # safetensors raises its own error types
+        raise StaleEntry(f"unreadable tensors: {exc}") from exc
+
+
+@dataclass
+class StoredPrefill:
+    """A compressed prompt cache as loaded: enough to rebuild a ``PrefillResult``.
+
+    ``layers[i]`` is ``(keys, values)`` of cache layer ``i``, ``[1, Hkv, n_i, D]``;
+    ``kept[j]`` belongs to cache layer ``kept_layers[j]`` and shares its tensors.
+    """
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    kept: list[CompressedLayer]
+    kept_layers: list[int]
+    next_logits: torch.Tensor  # [1, V]
+    original_length: int
+    press_config: dict[str, Any]
+    kv_bytes_full: int
+    decode_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [1, Hkv, n]
+
+
+def serialize_prefill(
+    layers: list[tuple[torch.Tensor, torch.Tensor]],
+    kept: list[CompressedLayer],
+    next_logits: torch.Tensor,
+    *,
+    original_length: int,
+    press_config: dict[str, Any],
+    kv_bytes_full: int,
+    model_id: str,
+    revision: str,
+    storage_dtype: torch.dtype | None = None,
+    decode_bias: Mapping[int, torch.Tensor] | None = None,
+) -> bytes:
+    """A compressed entry as bytes. ``layers`` are the cache's ``(keys, values)`` per layer
+    (``[1, Hkv, n_i, D]``); each ``kept`` layer is matched to the cache layer holding its
+    tensors, or stored with its own keys and values when none does."""
+    from safetensors.torch import save
+
+    tensors: dict[str, torch.Tensor] = {}
+    for i, (k, v) in enumerate(layers):
+        tensors[f"k.{i}"], tensors[f"v.{i}"] = _plain(k, storage_dtype), _plain(v, storage_dtype)
+    kept_layers: list[int] = []
+    positions = _positions_dtype(original_length)
+    for j, layer in enumerate(kept):
+        match = next((i for i, (k, _) in enumerate(layers) if k is layer.keys), -1)
+        kept_layers.append(match)
+        if match < 0:
+            tensors[f"kk.{j}"] = _plain(layer.keys, storage_dtype)
+            tensors[f"kv.{j}"] = _plain(layer.values, storage_dtype)
+        tensors[f"idx.{j}"] = _plain(layer.indices, positions)
+        if layer.bias is not None:
+            tensors[f"bias.{j}"] = _plain(layer.bias)
+        exact = getattr(layer, "exact", None)
+        if exact is not None:
+            tensors[f"exact.{j}"] = _plain(exact)
+    tensors["logits"] = _plain(next_logits)
+    for i, bias in (decode_bias or {}).items():
+        tensors[f"dbias.{i}"] = _plain(bias)
+    model_dtype = layers[0][0].dtype if layers else next_logits.dtype
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "kind": KIND_COMPRESSED,
+        "model_id": model_id,
+        "revision": revision,
+        "original_length": str(original_length),
+        "press_config": json.dumps(press_config, sort_keys=True, default=str),
+        "kv_bytes_full": str(kv_bytes_full),
+        "kept_layers": json.dumps(kept_layers),
+        "decode_bias_layers": json.dumps(sorted(int(i) for i in (decode_bias or {}))),
+        "num_layers": str(len(layers)),
+        "dtype": _dtype_name(model_dtype),
+        "storage_dtype": _dtype_name(storage_dtype or model_dtype),
+    }
+    return save(tensors, metadata=metadata)
+
+
+def deserialize_prefill(
+    payload: bytes, *, model_id: str, revision: str, device: torch.device | str = "cpu"
+) -> StoredPrefill:
+    """Rebuild a compressed entry on ``device``, in the dtype it was computed in.
+
+    Raises :class:`StaleEntry` when the payload is of another format version, kind or model.
+    """
+    meta = read_metadata(payload)
+    _check(meta, KIND_COMPRESSED, model_id, revision)
+    tensors = _load_tensors(payload)
+    dtype = getattr(torch, meta["dtype"])
+    try:
+        layers = [
+            (tensors[f"k.{i}"].to(device, dtype), tensors[f"v.{i}"].to(device, dtype))
+            for i in range(int(meta["num_layers"]))
+        ]
+        kept = []
+        kept_layers = json.loads(meta["kept_layers"])
+        for j, i in enumerate(kept_layers):
+            if i >= 0:
+                keys, values = layers[i]
+            else:
+                keys, values = tensors[f"kk.{j}"].to(device, dtype), tensors[f"kv.{j}"].to(device, dtype)
+            bias, exact = tensors.get(f"bias.{j}"), tensors.get(f"exact.{j}")
+            layer = CompressedLayer(
+                indices=tensors[f"idx.{j}"].to(device, torch.long),
+                keys=keys,
+                values=values,
+                bias=None if bias is None else bias.to(device),
+            )
+            if exact is not None:
+                layer.exact = exact.to(device)  # type: ignore[attr-defined]
+            kept.append(layer)
+        return StoredPrefill(
+            layers=layers,
+            kept=kept,
+            kept_layers=kept_layers,
+            next_logits=tensors["logits"].to(device),
+            original_length=int(meta["original_length"]),
+            press_config=json.loads(meta["press_config"]),
+            kv_bytes_full=int(meta["kv_bytes_full"]),
+            decode_bias={
+                i: tensors[f"dbias.{i}"].to(device)
+                for i in json.loads(meta.get("decode_bias_layers", "[]"))
+            },
+        )
+    except (KeyError, ValueError) as exc:
+        raise StaleEntry(f"incomplete entry: {exc}") from exc
+
+
+def serialize_prefix(
+    layers: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    prefix_len: int,
+    model_id: str,
+    revision: str,
+    storage_dtype: torch.dtype | None = None,
+) -> bytes:
+    """The full KV of a document prefix (``[1, Hkv, prefix_len, D]`` per layer) as bytes."""
+    from safetensors.torch import save
+
+    tensors: dict[str, torch.Tensor] = {}
+    for i, (k, v) in enumerate(layers):
+        tensors[f"k.{i}"], tensors[f"v.{i}"] = _plain(k, storage_dtype), _plain(v, storage_dtype)
+    model_dtype = layers[0][0].dtype
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "kind": KIND_PREFIX,
+        "model_id": model_id,
+        "revision": revision,
+        "prefix_len": str(prefix_len),
+        "num_layers": str(len(layers)),
+        "dtype": _dtype_name(model_dtype),
+        "storage_dtype": _dtype_name(storage_dtype or model_dtype),
+    }
+    return save(tensors, metadata=metadata)
+
+
+def deserialize_prefix(
+    payload: bytes,
+    *,
+    model_id: str,
+    revision: str,
+    prefix_len: int,
+    device: torch.device | str = "cpu",
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(keys, values)`` per layer, ``[1, Hkv, prefix_len, D]``, on ``device``.
+
+    Raises :class:`StaleEntry` for another format version, model or prefix length.
+    """
+    meta = read_metadata(payload)
+    _check(meta, KIND_PREFIX, model_id, revision)
+    if int(meta.get("prefix_len", -1)) != prefix_len:
+        raise StaleEntry(f"prefix of {meta.get('prefix_len')} tokens, expected {prefix_len}")
+    tensors = _load_tensors(payload)
+    dtype = getattr(torch, meta["dtype"])
+    try:
+        return [
+            (tensors[f"k.{i}"].to(device, dtype), tensors[f"v.{i}"].to(device, dtype))
+            for i in range(int(meta["num_layers"]))
+        ]
+    except KeyError as exc:
+        raise StaleEntry(f"incomplete entry: {exc}") from exc

@@ -1,0 +1,216 @@
+"""The KV store interface: bytes in, bytes out, under a namespaced entry key.
+
+A store knows nothing about tensors (:mod:`ragsnap.cache.serialization` does); it keeps
+opaque payloads, verifies their checksum on read, and reports a damaged or partial entry
+as a miss after deleting it. Backends are chosen by URL scheme and imported lazily, so
+redis-py stays an optional dependency:
+
+``redis://`` / ``rediss://`` / ``unix://``  -> :class:`~ragsnap.cache.redis_store.RedisKVStore`
+``file://PATH``                             -> :class:`~ragsnap.cache.file_store.FileKVStore`
+``none``                                    -> :class:`NullKVStore` (caching off)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from ragsnap.cache.single_flight import KeyedLocks
+from ragsnap.errors import ConfigError
+
+CACHE_URL_ENV = "RAGSNAP_CACHE_URL"
+DEFAULT_NAMESPACE = "default"
+_SAFE_NAMESPACE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class StoreUnavailable(Exception):
+    """The backend cannot be reached right now (the caller answers without the cache)."""
+
+
+def namespace_label(namespace: str | None) -> str:
+    """A namespace as it appears in storage keys and paths: itself when it is short and
+    plain, else a digest of it (an API key, say, never lands in a key or a file name)."""
+    import hashlib
+
+    namespace = namespace or DEFAULT_NAMESPACE
+    if _SAFE_NAMESPACE.match(namespace) and namespace not in {".", ".."}:
+        return namespace
+    return "h-" + hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class EntryKey:
+    """Where one cache entry lives: tenant ``namespace``, ``kind`` of entry, content ``digest``.
+
+    ``kind`` is ``"kv"`` (a compressed prompt cache) or ``"prefix"`` (the full KV of a
+    document prefix); ``digest`` is a sha256 hex string from :mod:`ragsnap.cache.keys`.
+    """
+
+    namespace: str
+    kind: str
+    digest: str
+
+    @property
+    def label(self) -> str:
+        return namespace_label(self.namespace)
+
+
+class KVStore(ABC):
+    """A byte store for cache entries. Thread-safe; every method may raise
+    :class:`StoreUnavailable` when the backend cannot be reached."""
+
+    scheme: str = ""
+
+    def __init__(self) -> None:
+        self._flights = KeyedLocks()
+
+    @abstractmethod
+    def get(self, key: EntryKey) -> bytes | None:
+        """The payload stored under ``key``; None when absent, partial or damaged (then deleted)."""
+
+    @abstractmethod
+    def put(self, key: EntryKey, payload: bytes) -> bool:
+        """Store ``payload``; False when the backend refused it (full, out of memory)."""
+
+    @abstractmethod
+    def delete(self, key: EntryKey) -> None:
+        """Remove the entry (no error when it is absent)."""
+
+    @abstractmethod
+    def clear(self, namespace: str | None = None) -> int:
+        """Remove every entry of ``namespace`` (every ragsnap entry when None); returns how many."""
+
+    @abstractmethod
+    def stats(self, namespace: str | None = None) -> dict[str, Any]:
+        """Backend, state (``ok``/``unavailable``), entries and bytes (of ``namespace`` when given)."""
+
+    def close(self) -> None:
+        """Release connections and files."""
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    @property
+    def available(self) -> bool:
+        """False while the backend is known to be unreachable (checked again after a backoff)."""
+        return True
+
+    def describe(self) -> str:
+        """The store's URL without credentials, for logs and reports."""
+        return self.scheme
+
+    @contextmanager
+    def exclusive(self, key: EntryKey, wait_s: float = 300.0) -> Iterator[None]:
+        """Hold the computation of ``key``: one holder per key in this process (and across
+        processes where the backend can lock). Waits at most ``wait_s``, then proceeds anyway."""
+        with self._local_lock(key, wait_s):
+            yield
+
+    @contextmanager
+    def _local_lock(self, key: EntryKey, wait_s: float) -> Iterator[bool]:
+        with self._flights.hold(key, wait_s) as acquired:
+            yield acquired
+
+    def __enter__(self) -> KVStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class NullKVStore(KVStore):
+    """Caching off: nothing is kept, every lookup misses."""
+
+    scheme = "none"
+
+    def get(self, key: EntryKey) -> bytes | None:
+        return None
+
+    def put(self, key: EntryKey, payload: bytes) -> bool:
+        return False
+
+    def delete(self, key: EntryKey) -> None:
+        return None
+
+    def clear(self, namespace: str | None = None) -> int:
+        return 0
+
+    def stats(self, namespace: str | None = None) -> dict[str, Any]:
+        return {"backend": "none", "state": "off", "entries": 0, "bytes": 0}
+
+    @property
+    def enabled(self) -> bool:
+        return False
+
+
+def default_cache_dir() -> Path:
+    """The on-disk store's home under the user's cache directory."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("ragsnap")) / "kv"
+
+
+def default_cache_url() -> str:
+    """``$RAGSNAP_CACHE_URL`` when set, else a file store under the user's cache directory."""
+    return os.environ.get(CACHE_URL_ENV) or f"file://{default_cache_dir()}"
+
+
+def _query(url: str) -> tuple[str, dict[str, str]]:
+    base, _, query = url.partition("?")
+    return base, {k: v[-1] for k, v in parse_qs(query).items()}
+
+
+def open_store(url: str | None = None) -> KVStore:
+    """The store for ``url``: ``redis://``, ``rediss://``, ``unix://``, ``file://PATH`` or ``none``.
+
+    ``None`` (or an empty string) means :func:`default_cache_url`. Query options:
+    ``ttl`` (seconds, Redis), ``max_bytes`` (file store cap, accepts ``512MB``/``4GB``).
+    Never connects: an unreachable Redis shows up later as ``unavailable``.
+    Raises :class:`ConfigError` for a URL it cannot use.
+    """
+    url = (url or "").strip() or default_cache_url()
+    scheme = url.split(":", 1)[0].lower() if ":" in url else url.lower()
+    if scheme in {"none", "off", "disabled"}:
+        return NullKVStore()
+    if scheme in {"redis", "rediss", "unix"}:
+        try:
+            from ragsnap.cache.redis_store import RedisKVStore
+        except ImportError as exc:
+            raise ConfigError(
+                "a redis:// cache needs redis-py: pip install 'ragsnap[redis]'", field="cache"
+            ) from exc
+        return RedisKVStore.from_url(url)
+    if scheme == "file":
+        from ragsnap.cache.file_store import FileKVStore
+
+        base, options = _query(url)
+        path = base[len("file://") :] if base.lower().startswith("file://") else base[5:]
+        if not path:
+            raise ConfigError("a file:// cache URL needs a directory: file:///path/to/dir", field="cache")
+        max_bytes = options.get("max_bytes")
+        return FileKVStore(
+            Path(path).expanduser(),
+            max_bytes=parse_size(max_bytes) if max_bytes else None,
+        )
+    raise ConfigError(
+        f"unsupported cache URL scheme {scheme!r} (use redis://, rediss://, unix://, file:// or none)",
+        field="cache",
+    )
+
+
+def parse_size(text: str) -> int:
+    """``"4096"``, ``"512MB"``, ``"2GiB"`` -> bytes. Raises :class:`ConfigError`."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", text, flags=re.IGNORECASE)
+    if not match:
+        raise ConfigError(f"cannot read a size from {text!r} (e.g. 512MB, 4GB)", field="max_bytes")
+    number, unit = float(match.group(1)), (match.group(2) or "").upper().rstrip("B").rstrip("I")
+    scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[unit]
+    return int(number * scale)

@@ -1,0 +1,61 @@
+"""Composite presses: span completion and Attention Matching over SnapKV selection.
+
+``ragsnap`` (the default) = SnapKV scores -> word completion -> Attention Matching refit.
+``wordspan`` and ``attnmatch`` are each piece alone, for ablations.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ragsnap.compression.attention_matching import AttentionMatchingPress
+from ragsnap.compression.snapkv import SnapKVPress
+from ragsnap.compression.span_completion import SpanCompletionPress
+
+
+def wordspan_press(
+    budget: int | None = 512,
+    ratio: float | None = None,
+    window: int = 32,
+    kernel: int = 7,
+    pooling: Literal["max", "avg"] = "max",
+    max_word_tokens: int = 12,
+) -> SpanCompletionPress:
+    """SnapKV selection with word completion."""
+    snap = SnapKVPress(budget=budget, ratio=ratio, window=window, kernel=kernel, pooling=pooling)
+    return SpanCompletionPress(base=snap, max_word_tokens=max_word_tokens)
+
+
+def attnmatch_press(
+    budget: int | None = 512,
+    ratio: float | None = None,
+    window: int = 32,
+    kernel: int = 7,
+    pooling: Literal["max", "avg"] = "max",
+    ridge: float = 1.0,
+    mass_iterations: int = 30,
+) -> AttentionMatchingPress:
+    """SnapKV selection with the Attention Matching bias and value refit."""
+    snap = SnapKVPress(budget=budget, ratio=ratio, window=window, kernel=kernel, pooling=pooling)
+    return AttentionMatchingPress(base=snap, ridge=ridge, mass_iterations=mass_iterations)
+
+
+def ragsnap_press(
+    budget: int | None = 512,
+    ratio: float | None = None,
+    window: int = 32,
+    kernel: int = 7,
+    pooling: Literal["max", "avg"] = "max",
+    max_word_tokens: int = 12,
+    ridge: float = 1.0,
+    mass_iterations: int = 30,
+) -> AttentionMatchingPress:
+    """The default: SnapKV scores, word completion, then Attention Matching.
+
+    Values of tokens kept only through word completion are left exact (the refit would
+    otherwise blur digits of a kept number at small budgets).
+    """
+    spans = wordspan_press(budget, ratio, window, kernel, pooling, max_word_tokens)
+    press = AttentionMatchingPress(base=spans, ridge=ridge, mass_iterations=mass_iterations)
+    press.name = "ragsnap"
+    return press

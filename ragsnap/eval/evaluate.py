@@ -1,0 +1,140 @@
+"""One evaluation from request to files: load items, run the grid, write the results."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ragsnap.eval.aggregate import build_runs
+from ragsnap.eval.datasets import guess_format, load_items
+from ragsnap.eval.items import LoadedItems
+from ragsnap.eval.niah import build_needles
+from ragsnap.eval.report import plot_needles, plot_scores, write_malformed, write_metrics, write_report
+from ragsnap.eval.runner import output_dir, press_grid, run_items, select_records
+from ragsnap.eval.store import PredictionStore, check_settings
+from ragsnap.generation import GenerationConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_NEW_TOKENS = {"niah": 16}  # others: 64
+
+
+@dataclass
+class EvalRequest:
+    """What ``ragsnap eval`` was asked to do (paths as given; see the CLI for the meaning)."""
+
+    out: Path
+    data: Path | None = None
+    format: str | None = None
+    presses: list[str] = field(default_factory=lambda: ["full", "snapkv"])
+    budgets: list[int] = field(default_factory=lambda: [128, 256, 512])
+    limit: int | None = None
+    seed: int = 0
+    max_new_tokens: int | None = None
+    context_tokens: int | None = None
+    types: list[str] | None = None
+    haystack: Path | None = None
+    lengths: list[int] = field(default_factory=lambda: [1000, 2000, 4000])
+    depths: list[float] = field(default_factory=lambda: [0, 25, 50, 75, 100])
+    samples: int = 1
+    needles: Path | None = None
+    answer_prefix: bool = True
+    plots: bool = True
+    progress: bool = True
+
+    @property
+    def resolved_format(self) -> str:
+        if self.format:
+            return self.format
+        if self.data is None and self.haystack is not None:
+            return "niah"
+        return guess_format(self.data) if self.data is not None else "bioasq"
+
+    def generation(self) -> GenerationConfig:
+        tokens = self.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(self.resolved_format, 64)
+        return GenerationConfig(max_new_tokens=tokens, temperature=0.0)
+
+    def settings(self, model_id: str) -> dict[str, Any]:
+        """What the stored predictions depend on (a rerun must match these)."""
+        fmt = self.resolved_format
+        keys = ["seed", "context_tokens", "types"] if fmt != "niah" else [
+            "seed", "lengths", "depths", "samples", "answer_prefix"]
+        values = {k: v for k, v in asdict(self).items() if k in keys}
+        source = self.haystack if fmt == "niah" else self.data
+        return {"model": model_id, "format": fmt, "data": str(source), "needles": str(self.needles),
+                "max_new_tokens": self.generation().max_new_tokens, **values}
+
+
+@dataclass
+class EvalResult:
+    out: Path
+    runs: list[dict[str, Any]]
+    evaluated: int
+    resumed: int
+    malformed: int
+    files: list[Path]
+
+
+def load_request_items(engine: Any, request: EvalRequest) -> LoadedItems:
+    """The request's items (before ``--limit``)."""
+    tokenizer = engine.tokenizer
+    fmt = request.resolved_format
+    if fmt == "niah":
+        from ragsnap.errors import InputError
+
+        if request.haystack is None:
+            raise InputError("--format niah needs --haystack DIR", field="haystack")
+        return build_needles(request.haystack, tokenizer, lengths=request.lengths,
+                             depths=request.depths, samples=request.samples, seed=request.seed,
+                             needles_file=request.needles, answer_prefix=request.answer_prefix)
+
+    @lru_cache(maxsize=None)
+    def count_tokens(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    types = tuple(request.types) if request.types else None
+    return load_items(fmt, request.data, seed=request.seed, context_tokens=request.context_tokens,
+                      count_tokens=count_tokens, types=types)
+
+
+def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
+    """Run ``request`` with ``engine`` and write metrics.json, predictions.jsonl, report.md,
+    malformed.json and the plots into ``request.out``."""
+    out = output_dir(request.out)
+    grid = press_grid(request.presses, request.budgets)
+    check_settings(out, request.settings(engine.loaded.model_id))
+    loaded = load_request_items(engine, request)
+    items = loaded.items[: request.limit] if request.limit else loaded.items
+    store = PredictionStore(out)
+    fmt = request.resolved_format
+    outcome = run_items(engine, items, grid, store, request.generation(), dataset=fmt,
+                        progress=request.progress)
+    malformed = loaded.malformed + outcome.malformed
+    records = select_records(store.records(), items, grid)
+    runs = build_runs(records, [(g.press, g.budget) for g in grid])
+    files = [write_metrics(out, runs)]
+    write_malformed(out, malformed)
+    plots: list[str] = []
+    if request.plots and runs:
+        plots = plot_scores(out, runs) + plot_needles(out, records)
+    header = {
+        "model": engine.loaded.model_id,
+        "device": str(engine.device),
+        "format": fmt,
+        "data": str(request.haystack if fmt == "niah" else request.data),
+        "presses": ", ".join(dict.fromkeys(g.press for g in grid)),
+        "budgets": ", ".join(map(str, request.budgets)),
+        "max_new_tokens": request.generation().max_new_tokens,
+        "seed": request.seed,
+    }
+    if request.context_tokens:
+        header["context_tokens"] = request.context_tokens
+    if request.limit:
+        header["limit"] = request.limit
+    files.append(write_report(out, runs, records, header, malformed, plots))
+    files += [out / "predictions.jsonl"] + [out / p for p in plots]
+    return EvalResult(out=out, runs=runs, evaluated=outcome.evaluated, resumed=outcome.resumed,
+                      malformed=len(malformed), files=files)

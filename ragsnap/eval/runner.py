@@ -1,0 +1,233 @@
+"""The evaluation loop: every item through one shared prefill, every press x budget from it.
+
+Per item: assemble the prompt, prefill once with every press recording its selection
+(:meth:`RagSnapEngine.prefill_many`), decode the full cache's answer and teacher-force it
+(the reference, computed once and reused across budgets), then decode and teacher-force
+each compressed cache. A press that kept every position reuses the full-cache answer.
+Items already in ``predictions.jsonl`` are skipped; an item that cannot run is reported
+and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ragsnap.citations import extract_citations
+from ragsnap.compression import Press, make_press
+from ragsnap.errors import ConfigError, RagSnapError
+from ragsnap.eval.fidelity import fidelity, full_reference
+from ragsnap.eval.items import EvalItem, Malformed
+from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_answer
+from ragsnap.eval.store import PredictionStore
+from ragsnap.generation import GenerationConfig
+from ragsnap.kv import derive_cache
+from ragsnap.retrieval.prompt import PromptLayout, format_document
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One press at one budget (``budget`` None for the full cache)."""
+
+    press: str
+    budget: int | None
+    instance: Press
+
+
+def press_grid(names: Sequence[str], budgets: Sequence[int]) -> list[GridPoint]:
+    """The full cache first (always: it is the reference), then each press at each budget.
+
+    Presses are looked up by registry name (:func:`make_press`), so presses added to
+    ``ragsnap.compression.PRESSES`` later are selectable too.
+    """
+    if not budgets:
+        raise ConfigError("give at least one --budget", field="budget")
+    grid = [GridPoint("full", None, make_press("full"))]
+    for name in dict.fromkeys(n.strip() for n in names if n.strip()):
+        if name == "full":
+            continue
+        for budget in budgets:
+            if budget < 1:
+                raise ConfigError(f"budgets must be positive, got {budget}", field="budget")
+            grid.append(GridPoint(name, budget, make_press(name, budget=budget)))
+    return grid
+
+
+@dataclass
+class EvalOutcome:
+    """What a run did: items evaluated now, skipped as done, and reported as malformed."""
+
+    evaluated: int = 0
+    resumed: int = 0
+    malformed: list[Malformed] = field(default_factory=list)
+
+
+def evidence_token_spans(tokenizer: Any, layout: PromptLayout, item: EvalItem,
+                         span_key: str) -> list[tuple[int, int]]:
+    """Prompt token span of a character span inside one document (``item.metadata``:
+    ``evidence_doc_id`` and ``span_key`` = ``[start, end)`` in that document's text)."""
+    doc_id, chars = item.metadata.get("evidence_doc_id"), item.metadata.get(span_key)
+    for index, doc in enumerate(layout.documents):
+        if doc.id != doc_id or not chars:
+            continue
+        piece = format_document(index + 1, doc)
+        offset = len(f"[{index + 1}] {doc.title}".rstrip()) + 1 + (len(doc.text) - len(doc.text.lstrip()))
+        lo, hi = offset + chars[0], offset + chars[1]
+        enc = tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
+        hit = [j for j, (s, e) in enumerate(enc["offset_mapping"]) if s < hi and e > lo]
+        start, end = layout.doc_spans[index]
+        if hit:
+            return [(start + hit[0], min(start + hit[-1] + 1, end))]
+    return []
+
+
+def _decode(engine: Any, prefill: Any, generation: GenerationConfig) -> tuple[list[int], dict[str, float]]:
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    tokens = list(engine.decode_tokens(prefill, generation, None, timings))
+    timings["decode_total_s"] = time.perf_counter() - started
+    return tokens, timings
+
+
+def evaluate_item(engine: Any, item: EvalItem, grid: Sequence[GridPoint],
+                  generation: GenerationConfig, dataset: str) -> list[dict[str, Any]]:
+    """Records (one per grid point) for ``item``; raises RagSnapError when it cannot run."""
+    layout = engine.build_prompt(item.question, item.documents, generation,
+                                 answer_prefix=item.answer_prefix)
+    length = layout.num_tokens
+    results = engine.prefill_many(layout.input_ids, [g.instance for g in grid])
+    full = results[0]
+    snapshot = derive_cache(full.cache)
+    full_tokens, full_timings = _decode(engine, full, generation)
+    started = time.perf_counter()
+    reference = full_reference(engine, snapshot, length, full_tokens)
+    reference_s = time.perf_counter() - started
+    decode = engine.tokenizer.decode
+    full_answer = decode(full_tokens, skip_special_tokens=True)
+    in_prompt = {d.id for d in layout.documents}
+    gold = [g for g in item.gold_doc_ids if g in in_prompt]
+    gold_spans = [span for d, span in zip(layout.documents, layout.doc_spans, strict=True)
+                  if d.id in set(gold)]
+    value_spans = evidence_token_spans(engine.tokenizer, layout, item, "value_span")
+    records = []
+    for point, result in zip(grid, results, strict=True):
+        kept_all = all(n == length for n in result.kept_tokens_per_layer)
+        if point.press == "full" or kept_all:
+            tokens, timings, answer = full_tokens, dict(full_timings), full_answer
+            fid: dict[str, Any] = {"kl": 0.0, "nll_gap": 0.0, "fidelity_tokens": len(full_tokens)}
+            fid_s = reference_s if point.press == "full" else 0.0
+        else:
+            started = time.perf_counter()
+            fid = fidelity(engine, result.cache, length, reference)
+            fid_s = time.perf_counter() - started
+            tokens, timings = _decode(engine, result, generation)
+            answer = decode(tokens, skip_special_tokens=True)
+        keep_rate = result.keep_rate().tolist()
+        citations = extract_citations(answer, layout.documents)
+        scores = score_answer(item.type, answer, item.answers, item.answer_groups)
+        scores.update(citation_scores([c.doc_id for c in citations], gold))
+        scores["agreement"] = float(normalize(answer) == normalize(full_answer))
+        scores["kl"], scores["nll_gap"] = fid["kl"], fid["nll_gap"]
+        scores["gold_kept_share"] = kept_share(keep_rate, gold_spans)
+        if value_spans:
+            scores["needle_kept_share"] = kept_share(keep_rate, value_spans)
+        steps = timings.get("decode_steps", 0)
+        records.append({
+            "item_id": item.id,
+            "dataset": dataset,
+            "type": item.type,
+            "press": point.press,
+            "budget": point.budget,
+            "press_config": result.press_config,
+            "question": item.question,
+            "prompt_tokens": length,
+            "kept_tokens": result.kept_tokens,
+            "answer": answer,
+            "full_answer": full_answer,
+            "gold_answers": item.answers or [g[0] for g in item.answer_groups],
+            "citations": [c.doc_id for c in citations],
+            "gold_doc_ids": gold,
+            "scores": scores,
+            "fidelity_tokens": fid["fidelity_tokens"],
+            "stats": {
+                "prefill_s": round(result.prefill_s, 4),
+                "compress_s": round(result.compress_s, 4),
+                "decode_s": round(timings.get("decode_total_s", 0.0), 4),
+                "decode_ms_per_token": round(1000 * timings.get("decode_s", 0.0) / steps, 3)
+                if steps else None,
+                "new_tokens": len(tokens),
+                "fidelity_s": round(fid_s, 4),
+                "kv_bytes_full": result.kv_bytes_full,
+                "kv_bytes_kept": result.kv_bytes_kept,
+                "reused_full": point.press != "full" and kept_all,
+            },
+            "meta": {k: v for k, v in item.metadata.items() if k in ("length", "depth", "sample", "key")},
+        })
+    return records
+
+
+def run_items(
+    engine: Any,
+    items: Sequence[EvalItem],
+    grid: Sequence[GridPoint],
+    store: PredictionStore,
+    generation: GenerationConfig,
+    *,
+    dataset: str,
+    progress: bool = True,
+) -> EvalOutcome:
+    """Evaluate every item not yet complete in ``store`` (with a tqdm bar and ETA)."""
+    from tqdm import tqdm
+
+    outcome = EvalOutcome()
+    seen: set[str] = set()
+    todo: list[EvalItem] = []
+    for item in items:
+        if item.id in seen:
+            outcome.malformed.append(Malformed(item.id, "duplicate item id"))
+            continue
+        seen.add(item.id)
+        if all((item.id, g.press, g.budget) in store.done for g in grid):
+            outcome.resumed += 1
+        else:
+            todo.append(item)
+    if outcome.resumed:
+        logger.info("resuming: %d items already done", outcome.resumed)
+    with tqdm(total=len(todo), desc="ragsnap eval", unit="item", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for item in todo:
+            bar.set_postfix_str(item.id[:24])
+            try:
+                records = evaluate_item(engine, item, grid, generation, dataset)
+            except RagSnapError as exc:
+                logger.warning("item %s skipped: %s", item.id, exc)
+                outcome.malformed.append(Malformed(item.id, str(exc)))
+            else:
+                store.append(r for r in records if (r["item_id"], r["press"], r["budget"]) not in store.done)
+                outcome.evaluated += 1
+            bar.update(1)
+    return outcome
+
+
+def select_records(records: Sequence[dict[str, Any]], items: Sequence[EvalItem],
+                   grid: Sequence[GridPoint]) -> list[dict[str, Any]]:
+    """The stored records that belong to this run's items and grid (last write wins)."""
+    wanted_items = {i.id for i in items}
+    wanted_points = {(g.press, g.budget) for g in grid}
+    chosen: dict[tuple[str, str, int | None], dict[str, Any]] = {}
+    for r in records:
+        if r["item_id"] in wanted_items and (r["press"], r.get("budget")) in wanted_points:
+            chosen[(r["item_id"], r["press"], r.get("budget"))] = r
+    return list(chosen.values())
+
+
+def output_dir(path: str | Path) -> Path:
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
