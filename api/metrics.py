@@ -50,7 +50,7 @@ class ServiceMetrics:
         )
         self.cache_lookups = Counter(
             "ragsnap_cache_lookups",
-            "KV cache results (hit, prefix_hit, miss, off...)",
+            "KV cache results (hit, prefix-hit, miss, off, unavailable)",
             ["result"],
             registry=r,
         )
@@ -58,6 +58,12 @@ class ServiceMetrics:
             "ragsnap_kv_bytes",
             "KV cache bytes of answered prompts (full vs kept)",
             ["kind"],
+            registry=r,
+        )
+        self.cache_bytes = Counter(
+            "ragsnap_cache_bytes",
+            "bytes read from and written to the KV store",
+            ["direction"],
             registry=r,
         )
         self.kept_ratio = Histogram(
@@ -82,6 +88,10 @@ class ServiceMetrics:
         if stats.get("ttft_s") is not None:
             self.ttft.observe(float(stats["ttft_s"]))
         self.cache_lookups.labels(str(stats.get("cache", "off"))).inc()
+        for direction in ("read", "written"):
+            moved = stats.get(f"cache_bytes_{direction}")
+            if isinstance(moved, int) and moved:
+                self.cache_bytes.labels(direction).inc(moved)
         for kind in ("full", "kept"):
             value = stats.get(f"kv_bytes_{kind}")
             if isinstance(value, int):

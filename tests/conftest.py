@@ -11,3 +11,30 @@ def engine():
     from ragsnap.engine import RagSnapEngine
 
     return RagSnapEngine.load("embedded", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A real redis-server on a free port for the whole session (tests use their own namespaces)."""
+    from tests.redis_server import RedisServer
+
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_factory():
+    """Start extra redis-servers (``redis_factory(*args)``) that a test may stop and restart."""
+    from tests.redis_server import RedisServer
+
+    servers: list[RedisServer] = []
+
+    def start(*extra_args: str) -> RedisServer:
+        server = RedisServer(None, *extra_args).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

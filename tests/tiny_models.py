@@ -77,11 +77,11 @@ def tiny_model(arch: str, attn: str = "sdpa", seed: int = 0, **overrides) -> tor
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A real word-level tokenizer over ``w0 .. w{VOCAB-1}`` (``w1`` is EOS)."""
-    vocab = {f"w{i}": i for i in range(VOCAB)}
-    backend = Tokenizer(WordLevel(vocab, unk_token="w0"))
+    """A real word-level tokenizer: ``<unk>`` (0), ``</s>`` (1, EOS), then ``t2 .. t{VOCAB-1}``."""
+    vocab = {"<unk>": 0, "</s>": 1, **{f"t{i}": i for i in range(2, VOCAB)}}
+    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", eos_token="w1")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
 
 
 def tiny_engine(arch: str = "llama", attn: str = "sdpa", seed: int = 0, **overrides) -> RagSnapEngine:

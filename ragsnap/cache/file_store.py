@@ -121,7 +121,10 @@ class FileKVStore(KVStore):
             os.replace(tmp, path)
         except OSError as exc:  # a full disk, a read-only directory: the answer goes on
             logger.warning("file cache: cannot write %s: %s", path.name, exc)
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
             return False
         self._evict(keep=path)
         return True

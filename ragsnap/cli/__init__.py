@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ragsnap.errors import RagSnapError
 
 # subcommand modules, imported lazily so `ragsnap --help` stays fast
-SUBCOMMANDS = ("ask", "bench", "eval", "cache")
+SUBCOMMANDS = ("ask", "bench", "eval", "cache", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

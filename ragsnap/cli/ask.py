@@ -23,6 +23,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--question", "-q", required=True)
     parser.add_argument("--docs", nargs="+", default=[], metavar="PATH",
                         help=".txt/.md files (one document each) or .jsonl files ({id, title, text} per line)")
+    parser.add_argument("--corpus", metavar="DIR",
+                        help="folder of .txt/.md/.jsonl files searched (BM25) for the question")
+    parser.add_argument("--top-k", type=int, default=4,
+                        help="passages taken from --corpus (default 4)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     add_press_options(parser)
     add_generation_options(parser)
@@ -32,15 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragsnap.documents import load_documents
     from ragsnap.engine import AnswerOptions, RagSnapEngine
     from ragsnap.events import DoneEvent, MetaEvent, TokenEvent
 
     if not args.question.strip():
         raise InputError("--question is empty", field="question")
-    documents = load_documents(args.docs)
-    if not documents:
-        raise InputError("no documents: give --docs PATH...", field="docs")
+    documents = gather_documents(args)
     options = AnswerOptions(press=press_from_args(args), generation=generation_from_args(args))
     store = open_store_from_args(args)
     engine = RagSnapEngine.load(
@@ -67,6 +68,26 @@ def run(args: argparse.Namespace) -> int:
     print()
     print_summary(done)
     return 0
+
+
+def gather_documents(args: argparse.Namespace) -> list:  # type: ignore[type-arg]
+    """``--docs`` files, then the ``--top-k`` best ``--corpus`` passages for the question."""
+    from ragsnap.documents import load_documents
+
+    documents = load_documents(args.docs)
+    if getattr(args, "corpus", None):
+        from ragsnap.retrieval.bm25 import BM25Index
+
+        if args.top_k < 1:
+            raise InputError("--top-k must be at least 1", field="top_k")
+        given = {d.id for d in documents}
+        found = BM25Index.from_directory(args.corpus).retrieve(args.question, args.top_k)
+        documents += [d for d in found if d.id not in given]
+    if not documents:
+        hint = "no passage of --corpus matches the question" if getattr(args, "corpus", None) else (
+            "give --docs PATH... or --corpus DIR")
+        raise InputError(f"no documents: {hint}", field="docs")
+    return documents
 
 
 def print_summary(done) -> None:  # type: ignore[no-untyped-def]

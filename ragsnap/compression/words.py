@@ -14,9 +14,10 @@ _WHITESPACE_MARKERS = str.maketrans({"Ġ": " ", "Ċ": "\n", "ĉ": "\t", "▁": "
 def word_starts(tokenizer: Any, token_ids: Sequence[int]) -> torch.Tensor:
     """``[L]`` bool: True where a token begins a whitespace-delimited word.
 
-    A token starts a word when it begins with whitespace, follows a token that ends with
-    whitespace, or is the first token. Digits, punctuation and sub-word pieces glued to
-    the previous token continue its word (``" 7007071."`` is one word of nine tokens).
+    A token starts a word when it begins with whitespace or follows a token that ends
+    with whitespace, unless the previous token is whitespace only (a lone space or newline
+    token opens the word that follows it). Digits, punctuation and sub-word pieces glued
+    to the previous token continue its word: ``" 7007071."`` is one word of nine tokens.
     """
     pieces = [
         (tok or "").translate(_WHITESPACE_MARKERS)
@@ -24,7 +25,9 @@ def word_starts(tokenizer: Any, token_ids: Sequence[int]) -> torch.Tensor:
     ]
     starts = [True] * len(pieces)
     for i in range(1, len(pieces)):
-        starts[i] = pieces[i][:1].isspace() or pieces[i - 1][-1:].isspace()
+        previous = pieces[i - 1]
+        after_space = pieces[i][:1].isspace() or previous[-1:].isspace()
+        starts[i] = after_space and not (previous and previous.isspace())
     return torch.tensor(starts, dtype=torch.bool)
 
 

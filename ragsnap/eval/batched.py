@@ -54,7 +54,15 @@ def teacher_force_batch(engine: Any, stacked: Any, start: int, tokens: Sequence[
     """Log-probs ``[k, n, V]`` of every row along ``tokens`` (on a copy of ``stacked``)."""
     batch = stacked.layers[0].keys.shape[0]
     ids = torch.tensor([list(tokens)], dtype=torch.long).expand(batch, -1)
-    logits = _call(engine, ids, derive_cache(stacked), start, keep=0)
+    cache = derive_cache(stacked)
+    if len(set(layer_lengths(stacked))) == 1:
+        logits = _call(engine, ids, cache, start, keep=0)
+    else:
+        # layers of different lengths (PyramidKV): transformers builds one causal mask for
+        # all layers, which only fits a multi-token step when every layer has the same
+        # length, so feed one token per step (as decoding does)
+        logits = torch.cat([_call(engine, ids[:, j : j + 1], cache, start + j, keep=1)
+                            for j in range(ids.shape[1])], dim=1)
     return torch.log_softmax(logits.float(), dim=-1).cpu()
 
 

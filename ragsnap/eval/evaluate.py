@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,13 @@ from ragsnap.eval.aggregate import build_runs
 from ragsnap.eval.datasets import guess_format, load_items
 from ragsnap.eval.items import LoadedItems
 from ragsnap.eval.niah import build_needles
-from ragsnap.eval.report import plot_needles, plot_scores, write_malformed, write_metrics, write_report
+from ragsnap.eval.report import (
+    plot_needles,
+    plot_scores,
+    write_malformed,
+    write_metrics,
+    write_report,
+)
 from ragsnap.eval.runner import output_dir, press_grid, run_items, select_records
 from ragsnap.eval.store import PredictionStore, check_settings
 from ragsnap.generation import GenerationConfig
@@ -91,7 +97,7 @@ def load_request_items(engine: Any, request: EvalRequest) -> LoadedItems:
                              depths=request.depths, samples=request.samples, seed=request.seed,
                              needles_file=request.needles, answer_prefix=request.answer_prefix)
 
-    @lru_cache(maxsize=None)
+    @cache
     def count_tokens(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 

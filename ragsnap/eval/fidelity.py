@@ -52,7 +52,12 @@ def teacher_forced_log_probs(engine: Any, cache: Any, start: int, tokens: Sequen
     """
     if not tokens:
         return torch.empty(0, 0)
-    logits = engine.forward_logits(list(tokens), derive_cache(cache), start, keep=0)  # [1, n, V]
+    copy = derive_cache(cache)
+    if len({layer.keys.shape[-2] for layer in cache.layers}) == 1:
+        logits = engine.forward_logits(list(tokens), copy, start, keep=0)  # [1, n, V]
+    else:  # layers of different lengths: one token per step (see batched.teacher_force_batch)
+        logits = torch.cat([engine.forward_logits([t], copy, start + j, keep=1)
+                            for j, t in enumerate(tokens)], dim=1)
     return torch.log_softmax(logits[0].float(), dim=-1).cpu()
 
 

@@ -11,16 +11,20 @@ and skipped.
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ragsnap.citations import extract_citations
 from ragsnap.compression import Press, make_press
 from ragsnap.errors import ConfigError, RagSnapError
-from ragsnap.eval.fidelity import fidelity, full_reference
+from ragsnap.eval.batched import decode_batch, layer_lengths, stack_caches, teacher_force_batch
+from ragsnap.eval.fidelity import Reference, compare, fidelity, full_reference
 from ragsnap.eval.items import EvalItem, Malformed
 from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_answer
 from ragsnap.eval.store import PredictionStore
@@ -29,6 +33,7 @@ from ragsnap.kv import derive_cache
 from ragsnap.retrieval.prompt import PromptLayout, format_document
 
 logger = logging.getLogger(__name__)
+_NUMBER_DONE = re.compile(r"\d[^\d]")
 
 
 @dataclass(frozen=True)
@@ -87,12 +92,52 @@ def evidence_token_spans(tokenizer: Any, layout: PromptLayout, item: EvalItem,
     return []
 
 
-def _decode(engine: Any, prefill: Any, generation: GenerationConfig) -> tuple[list[int], dict[str, float]]:
-    timings: dict[str, float] = {}
+def answer_stopper(item: EvalItem, tokenizer: Any) -> Callable[[list[int]], bool] | None:
+    """Needle answers end with the number: stop once a digit run is followed by anything."""
+    if item.type != "needle":
+        return None
+    return lambda tokens: bool(_NUMBER_DONE.search(tokenizer.decode(tokens, skip_special_tokens=True)))
+
+
+@dataclass
+class _Decoded:
+    tokens: list[int]
+    fidelity: dict[str, Any]
+    decode_s: float
+    steps: int
+    fidelity_s: float
+    batch: int
+
+
+def _decode_group(engine: Any, caches: list[Any], first_logits: Any, length: int,
+                  generation: GenerationConfig, stop: Any, reference: Reference | None) -> list[_Decoded]:
+    """Teacher-force (when ``reference`` is given) and decode caches of equal shape as one batch."""
+    stacked = stack_caches(caches)
     started = time.perf_counter()
-    tokens = list(engine.decode_tokens(prefill, generation, None, timings))
-    timings["decode_total_s"] = time.perf_counter() - started
-    return tokens, timings
+    fids: list[dict[str, Any]] = [{} for _ in caches]
+    if reference is not None and reference.tokens:
+        log_probs = teacher_force_batch(engine, stacked, length, reference.tokens)
+        fids = [compare(row, reference) for row in log_probs]
+    elif reference is not None:
+        fids = [compare(torch.empty(0, 0), reference) for _ in caches]
+    fid_s = (time.perf_counter() - started) / len(caches)
+    answers, seconds, steps = decode_batch(engine, stacked, first_logits, length, generation, stop)
+    return [_Decoded(a, f, seconds, steps, fid_s, len(caches)) for a, f in zip(answers, fids, strict=True)]
+
+
+def _decode_alone(engine: Any, prefill: Any, generation: GenerationConfig, stop: Any,
+                  reference: Reference) -> _Decoded:
+    """The engine's own decode path (for caches that carry a per-key bias)."""
+    started = time.perf_counter()
+    fid = fidelity(engine, prefill.cache, prefill.original_length, reference)
+    fid_s = time.perf_counter() - started
+    tokens: list[int] = []
+    timings: dict[str, float] = {}
+    check = (lambda: stop(tokens)) if stop else None
+    for token in engine.decode_tokens(prefill, generation, check, timings):
+        tokens.append(token)
+    return _Decoded(tokens, fid, timings.get("decode_s", 0.0), int(timings.get("decode_steps", 0)),
+                    fid_s, 1)
 
 
 def evaluate_item(engine: Any, item: EvalItem, grid: Sequence[GridPoint],
@@ -102,42 +147,47 @@ def evaluate_item(engine: Any, item: EvalItem, grid: Sequence[GridPoint],
                                  answer_prefix=item.answer_prefix)
     length = layout.num_tokens
     results = engine.prefill_many(layout.input_ids, [g.instance for g in grid])
-    full = results[0]
-    snapshot = derive_cache(full.cache)
-    full_tokens, full_timings = _decode(engine, full, generation)
+    stop = answer_stopper(item, engine.tokenizer)
+    first = results[0].next_logits
+    snapshot = derive_cache(results[0].cache)
+    full = _decode_group(engine, [results[0].cache], first, length, generation, stop, None)[0]
     started = time.perf_counter()
-    reference = full_reference(engine, snapshot, length, full_tokens)
-    reference_s = time.perf_counter() - started
-    decode = engine.tokenizer.decode
-    full_answer = decode(full_tokens, skip_special_tokens=True)
+    reference = full_reference(engine, snapshot, length, full.tokens)
+    full.fidelity = {"kl": 0.0, "nll_gap": 0.0, "fidelity_tokens": len(full.tokens)}
+    full.fidelity_s = time.perf_counter() - started
+    decoded: dict[int, _Decoded] = {0: full}
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, result in enumerate(results[1:], start=1):
+        if all(n == length for n in result.kept_tokens_per_layer):
+            decoded[i] = _Decoded(full.tokens, dict(full.fidelity), 0.0, 0, 0.0, 0)
+        elif any(layer.bias is not None for layer in result.kept):
+            decoded[i] = _decode_alone(engine, result, generation, stop, reference)
+        else:
+            groups.setdefault(layer_lengths(result.cache), []).append(i)
+    for members in groups.values():
+        outs = _decode_group(engine, [results[i].cache for i in members], first, length,
+                             generation, stop, reference)
+        decoded.update(zip(members, outs, strict=True))
+    text = engine.tokenizer.decode
+    full_answer = text(full.tokens, skip_special_tokens=True)
     in_prompt = {d.id for d in layout.documents}
     gold = [g for g in item.gold_doc_ids if g in in_prompt]
     gold_spans = [span for d, span in zip(layout.documents, layout.doc_spans, strict=True)
                   if d.id in set(gold)]
     value_spans = evidence_token_spans(engine.tokenizer, layout, item, "value_span")
     records = []
-    for point, result in zip(grid, results, strict=True):
-        kept_all = all(n == length for n in result.kept_tokens_per_layer)
-        if point.press == "full" or kept_all:
-            tokens, timings, answer = full_tokens, dict(full_timings), full_answer
-            fid: dict[str, Any] = {"kl": 0.0, "nll_gap": 0.0, "fidelity_tokens": len(full_tokens)}
-            fid_s = reference_s if point.press == "full" else 0.0
-        else:
-            started = time.perf_counter()
-            fid = fidelity(engine, result.cache, length, reference)
-            fid_s = time.perf_counter() - started
-            tokens, timings = _decode(engine, result, generation)
-            answer = decode(tokens, skip_special_tokens=True)
+    for i, (point, result) in enumerate(zip(grid, results, strict=True)):
+        out = decoded[i]
+        answer = text(out.tokens, skip_special_tokens=True)
         keep_rate = result.keep_rate().tolist()
         citations = extract_citations(answer, layout.documents)
         scores = score_answer(item.type, answer, item.answers, item.answer_groups)
         scores.update(citation_scores([c.doc_id for c in citations], gold))
         scores["agreement"] = float(normalize(answer) == normalize(full_answer))
-        scores["kl"], scores["nll_gap"] = fid["kl"], fid["nll_gap"]
+        scores["kl"], scores["nll_gap"] = out.fidelity["kl"], out.fidelity["nll_gap"]
         scores["gold_kept_share"] = kept_share(keep_rate, gold_spans)
         if value_spans:
             scores["needle_kept_share"] = kept_share(keep_rate, value_spans)
-        steps = timings.get("decode_steps", 0)
         records.append({
             "item_id": item.id,
             "dataset": dataset,
@@ -154,18 +204,18 @@ def evaluate_item(engine: Any, item: EvalItem, grid: Sequence[GridPoint],
             "citations": [c.doc_id for c in citations],
             "gold_doc_ids": gold,
             "scores": scores,
-            "fidelity_tokens": fid["fidelity_tokens"],
+            "fidelity_tokens": out.fidelity["fidelity_tokens"],
             "stats": {
                 "prefill_s": round(result.prefill_s, 4),
                 "compress_s": round(result.compress_s, 4),
-                "decode_s": round(timings.get("decode_total_s", 0.0), 4),
-                "decode_ms_per_token": round(1000 * timings.get("decode_s", 0.0) / steps, 3)
-                if steps else None,
-                "new_tokens": len(tokens),
-                "fidelity_s": round(fid_s, 4),
+                "decode_s": round(out.decode_s, 4),
+                "decode_ms_per_token": round(1000 * out.decode_s / out.steps, 3) if out.steps else None,
+                "decode_batch": out.batch,
+                "new_tokens": len(out.tokens),
+                "fidelity_s": round(out.fidelity_s, 4),
                 "kv_bytes_full": result.kv_bytes_full,
                 "kv_bytes_kept": result.kv_bytes_kept,
-                "reused_full": point.press != "full" and kept_all,
+                "reused_full": out.batch == 0,
             },
             "meta": {k: v for k, v in item.metadata.items() if k in ("length", "depth", "sample", "key")},
         })

@@ -1,0 +1,84 @@
+"""``ragsnap serve``: the HTTP service (``/v1/answer``, ``/v1/chat/completions``, health, metrics).
+
+Every setting also reads from the environment with the ``RAGSNAP_`` prefix (see
+``api/settings.py``); options given here win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the HTTP service (streaming answers, OpenAI-compatible API, metrics)"
+    )
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default 8000)")
+    parser.add_argument(
+        "--model", help="'embedded' (default), a Hugging Face id, a directory or a .gguf"
+    )
+    parser.add_argument("--device", help="auto (default), cpu, cuda, cuda:1...")
+    parser.add_argument(
+        "--cache", metavar="URL", help="KV cache store: redis://..., file:///dir or none"
+    )
+    parser.add_argument("--corpus", metavar="DIR", help="folder the `query` field searches (BM25)")
+    parser.add_argument(
+        "--max-queue", type=int, help="requests allowed to wait (default 8); more get 429"
+    )
+    parser.set_defaults(handler=run)
+
+
+def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Settings from the environment, overridden by the options given."""
+    from pydantic import ValidationError
+
+    from api.settings import Settings
+    from ragsnap.errors import ConfigError
+
+    given = {
+        "host": args.host,
+        "port": args.port,
+        "model": args.model,
+        "device": args.device,
+        "cache_url": args.cache,
+        "corpus_dir": args.corpus,
+        "max_queue": args.max_queue,
+    }
+    try:
+        return Settings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"setting {name}: {first['msg']}", field=name) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from api.app import create_app
+        from api.services import load_engine
+    except ImportError as exc:
+        from ragsnap.errors import ConfigError
+
+        raise ConfigError(
+            f"serving needs the 'serve' extra: pip install 'ragsnap[serve]' ({exc.name})"
+        ) from None
+
+    settings = settings_from_args(args)
+    logging.getLogger("ragsnap").setLevel(logging.INFO)  # the one-line-per-request access log
+    print(f"ragsnap: loading {settings.model} ...", file=sys.stderr, flush=True)
+    engine = load_engine(settings)  # fails here, with one clear line, before binding the port
+    app = create_app(settings, engine=engine)
+    auth = f"{len(settings.api_keys)} API key(s)" if settings.auth_enabled else "no API key"
+    print(
+        f"ragsnap: serving {engine.loaded.model_id} at http://{settings.host}:{settings.port} "
+        f"({auth}); stop with Ctrl-C",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    return 0

@@ -1,0 +1,225 @@
+"""The engine with a KV store: hit == miss, prefix hits == cold runs, damage, outages,
+single flight and namespaces, on the embedded model with a real redis-server."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+
+import pytest
+import torch
+from safetensors.torch import load, save
+
+from ragsnap.cache import open_store
+from ragsnap.cache.redis_store import RedisKVStore
+from ragsnap.cache.serialization import read_metadata
+from ragsnap.compression import H2OPress, SnapKVPress
+from ragsnap.documents import Document
+from ragsnap.engine import AnswerOptions, RagSnapEngine
+from ragsnap.events import DoneEvent
+from tests.redis_server import free_port
+
+pytestmark = pytest.mark.model
+
+DOCS = [
+    Document(id="tides", title="Tides", text="Tides are caused mainly by the gravity of the Moon "
+             "pulling on the oceans. The Sun adds a smaller pull, so spring tides are highest."),
+    Document(id="bees", title="Honeybees", text="Honeybees tell each other where flowers are by "
+             "dancing in the hive. The waggle dance gives the direction and distance to food."),
+]
+Q1, Q2 = "What causes tides?", "How do honeybees tell each other where flowers are?"
+
+
+def options(window: int = 8, budget: int = 48, press=None, tokens: int = 6) -> AnswerOptions:
+    from ragsnap.generation import GenerationConfig
+
+    return AnswerOptions(
+        press=press or SnapKVPress(budget=budget, window=window),
+        generation=GenerationConfig(max_new_tokens=tokens),
+    )
+
+
+def ask(eng: RagSnapEngine, question: str, namespace: str, opts: AnswerOptions | None = None) -> DoneEvent:
+    events = list(eng.stream(question, DOCS, opts or options(), namespace=namespace))
+    assert events[0].cache == events[-1].stats["cache"]  # meta and stats agree
+    return events[-1]
+
+
+def counting(eng: RagSnapEngine) -> list[int]:
+    """Count the engine's prefills (the real method still runs)."""
+    calls: list[int] = []
+    real = eng.prefill
+
+    def prefill(input_ids, press, **kwargs):
+        calls.append(len(input_ids) - kwargs.get("start", 0))
+        return real(input_ids, press, **kwargs)
+
+    eng.prefill = prefill  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.fixture(scope="module")
+def cold(engine):
+    """Answers of the engine without any store, per (question, window)."""
+    memo: dict[tuple[str, int], str] = {}
+
+    def answer(question: str, window: int = 8) -> str:
+        if (question, window) not in memo:
+            memo[(question, window)] = engine.answer(question, DOCS, options(window)).answer
+        return memo[(question, window)]
+
+    return answer
+
+
+@pytest.fixture
+def ns() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def redis_engine(engine, url: str, **kwargs) -> RagSnapEngine:
+    return RagSnapEngine(engine.loaded, store=open_store(url), **kwargs)
+
+
+def test_hit_loads_bit_identical_kv_and_answers_exactly_as_the_miss(engine, redis_server, ns, cold):
+    eng = redis_engine(engine, redis_server.url)
+    layout = eng.build_prompt(Q1, DOCS, options().generation)
+    press = options().press
+    missed, report = eng._cached.prefill(layout, press, Q1, ns)
+    assert report.status == "miss" and report.bytes_written > 0
+    hit, report = eng._cached.prefill(layout, press, Q1, ns)
+    assert report.status == "hit" and report.bytes_read > 0 and hit.processed_tokens == 0
+    for a, b in zip(missed.cache.layers, hit.cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    for a, b in zip(missed.kept, hit.kept, strict=True):
+        assert torch.equal(a.indices, b.indices)
+    assert torch.equal(missed.next_logits, hit.next_logits)
+
+    first, second = ask(eng, Q1, ns + "-x"), ask(eng, Q1, ns + "-x")
+    assert (first.stats["cache"], second.stats["cache"]) == ("miss", "hit")
+    assert second.answer == first.answer == cold(Q1)
+    assert second.stats["prefill_tokens"] == 0 and second.stats["cache_bytes_read"] > 0
+    assert first.stats["cache_bytes_written"] > second.stats["cache_bytes_written"] == 0
+    assert [c.doc_id for c in second.citations] == [c.doc_id for c in first.citations]
+
+
+@pytest.mark.parametrize("damage", ["evicted_chunk", "corrupted_byte", "stale_version"])
+def test_damaged_entry_is_a_miss_cleaned_up_and_recomputed(engine, redis_server, ns, damage, caplog):
+    store = RedisKVStore.from_url(redis_server.url + "?chunk_bytes=65536")
+    eng = RagSnapEngine(engine.loaded, store=store, prefix_cache=False)
+    first = ask(eng, Q1, ns)
+    key = eng._cached.entry_keys(eng.build_prompt(Q1, DOCS, options().generation), options().press, Q1, ns)[0]
+    base = f"ragsnap:v1:{key.label}:kv:{{{key.digest}}}"
+    if damage == "evicted_chunk":
+        assert store.client.delete(f"{base}:chunk:3") == 1
+    elif damage == "corrupted_byte":
+        store.client.setrange(f"{base}:chunk:2", 100, b"\x00\x01")
+    else:
+        payload = store.get(key)
+        store.put(key, save(load(payload), metadata={**read_metadata(payload), "format_version": "0"}))
+    calls = counting(eng)
+    with caplog.at_level(logging.WARNING, logger="ragsnap.cache"):
+        again = ask(eng, Q1, ns)
+    assert again.stats["cache"] == "miss" and len(calls) == 1
+    assert again.answer == first.answer
+    assert any(word in caplog.text for word in ("lost a chunk", "checksum", "format version"))
+    assert ask(eng, Q1, ns).stats["cache"] == "hit"  # stored again, whole
+
+
+def test_redis_killed_between_requests_then_restarted(engine, redis_factory, ns, cold):
+    server = redis_factory()
+    eng = RagSnapEngine(engine.loaded, store=RedisKVStore(server.url, backoff_s=0.0))
+    assert ask(eng, Q1, ns).stats["cache"] == "miss"
+    server.stop()
+    down = ask(eng, Q1, ns)
+    assert down.stats["cache"] == "unavailable" and down.answer == cold(Q1)
+    assert down.stats["cache_bytes_written"] == 0
+    server.start()  # the same port, empty
+    assert ask(eng, Q1, ns).stats["cache"] == "miss"
+    assert ask(eng, Q1, ns).stats["cache"] == "hit"
+
+
+def test_unreachable_at_start_still_answers(engine, ns, cold):
+    eng = redis_engine(engine, f"redis://127.0.0.1:{free_port()}/0")
+    done = ask(eng, Q1, ns)
+    assert done.stats["cache"] == "unavailable" and done.answer == cold(Q1)
+
+
+def test_refused_write_still_answers(engine, redis_factory, ns, cold):
+    server = redis_factory("--maxmemory", "1mb", "--maxmemory-policy", "noeviction")
+    eng = redis_engine(engine, server.url, prefix_cache=False)
+    first, second = ask(eng, Q1, ns), ask(eng, Q1, ns)
+    assert first.answer == second.answer == cold(Q1)
+    assert first.stats["cache_bytes_written"] == 0 and second.stats["cache"] == "miss"
+
+
+@pytest.mark.parametrize("backend", ["redis", "file"])
+def test_eight_concurrent_identical_requests_prefill_once(engine, redis_server, tmp_path, ns, backend):
+    url = redis_server.url if backend == "redis" else f"file://{tmp_path}"
+    eng = redis_engine(engine, url)
+    calls = counting(eng)
+    barrier = threading.Barrier(8)
+    results: list[DoneEvent | BaseException] = []
+
+    def request() -> None:
+        try:
+            barrier.wait()
+            results.append(ask(eng, Q1, ns, options(tokens=3)))
+        except BaseException as exc:  # surfaced below
+            results.append(exc)
+
+    threads = [threading.Thread(target=request) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert all(isinstance(r, DoneEvent) for r in results), results
+    assert len(calls) == 1
+    assert sorted(r.stats["cache"] for r in results) == ["hit"] * 7 + ["miss"]
+    assert len({r.answer for r in results}) == 1
+
+
+def test_prefix_hit_prefills_only_the_tail_and_matches_a_cold_run(engine, redis_server, ns, cold):
+    eng = redis_engine(engine, redis_server.url)
+    assert ask(eng, Q1, ns).stats["cache"] == "miss"  # stores the documents' prefix
+    calls = counting(eng)
+    done = ask(eng, Q2, ns)
+    layout = eng.build_prompt(Q2, DOCS, options().generation)
+    tail = layout.num_tokens - layout.prefix_len
+    assert tail > 8  # longer than the window: the forward covers exactly the tail
+    assert done.stats["cache"] == "prefix-hit"
+    assert calls == [tail] and done.stats["prefill_tokens"] == tail
+    assert done.answer == cold(Q2)
+    assert ask(eng, Q2, ns).stats["cache"] == "hit"
+
+
+def test_prefix_hit_with_a_window_longer_than_the_tail_crops_the_prefix(engine, redis_server, ns, cold):
+    eng = redis_engine(engine, redis_server.url)
+    opts = options(window=40, budget=64)
+    ask(eng, Q1, ns, opts)
+    done = ask(eng, Q2, ns, opts)
+    layout = eng.build_prompt(Q2, DOCS, opts.generation)
+    assert layout.num_tokens - layout.prefix_len < 40
+    assert done.stats["cache"] == "prefix-hit" and done.stats["prefill_tokens"] == 40
+    assert done.answer == cold(Q2, window=40)
+
+
+def test_presses_that_vote_with_every_query_do_not_reuse_prefixes(engine, redis_server, ns):
+    eng = redis_engine(engine, redis_server.url)
+    opts = options(press=H2OPress(budget=48, window=8))
+    ask(eng, Q1, ns, opts)
+    done = ask(eng, Q2, ns, opts)
+    assert done.stats["cache"] == "miss" and done.stats["prefill_tokens"] == done.stats["prompt_tokens"]
+    assert done.answer == engine.answer(Q2, DOCS, opts).answer
+
+
+def test_namespaces_never_see_each_other(engine, redis_server, ns):
+    eng = redis_engine(engine, redis_server.url)
+    assert ask(eng, Q1, ns + "-a").stats["cache"] == "miss"
+    assert ask(eng, Q1, ns + "-b").stats["cache"] == "miss"  # neither tier crosses over
+    assert ask(eng, Q1, ns + "-a").stats["cache"] == "hit"
+
+
+def test_no_store_means_cache_off(engine, ns):
+    eng = RagSnapEngine(engine.loaded, store=open_store("none"))
+    assert ask(eng, Q1, ns).stats["cache"] == "off"
