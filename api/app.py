@@ -78,9 +78,10 @@ def _adopt(app: FastAPI, task: asyncio.Task[Services]) -> None:
     if error is None:
         app.state.services = task.result()
         logger.info("ready: %s", app.state.services.model_id)
-    elif isinstance(error, RagSnapError):
-        app.state.load_error = error.message
-        logger.error("the model could not be loaded: %s", error.message)
     else:
+        # the reason may name server paths: it goes to the log, /readyz only says "failed"
         app.state.load_error = "the model could not be loaded (see the server log)"
-        logger.error("the model could not be loaded", exc_info=error)
+        if isinstance(error, RagSnapError):
+            logger.error("the model could not be loaded: %s", error.message)
+        else:
+            logger.error("the model could not be loaded", exc_info=error)

@@ -18,8 +18,8 @@ class DocumentIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str | int | None = Field(None, description="stable id, echoed in citations")
-    title: str = Field("", max_length=_MAX_TITLE)
+    id: str | int | None = Field(default=None, description="stable id, echoed in citations")
+    title: str = Field(default="", max_length=_MAX_TITLE)
     text: str = Field(min_length=1, max_length=_MAX_TEXT)
 
     @field_validator("id")
@@ -43,12 +43,14 @@ class CompressionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     press: str | None = Field(
-        None, min_length=1, max_length=64, description="default: ragsnap's default press"
+        default=None, min_length=1, max_length=64, description="default: ragsnap's default press"
     )
-    budget: int | None = Field(None, ge=1, le=1_000_000, description="tokens kept per KV head")
-    ratio: float | None = Field(None, gt=0, le=1, description="share of the prompt kept")
-    window: int | None = Field(None, ge=1, le=4096)
-    kernel: int | None = Field(None, ge=1, le=257)
+    budget: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="tokens kept per KV head"
+    )
+    ratio: float | None = Field(default=None, gt=0, le=1, description="share of the prompt kept")
+    window: int | None = Field(default=None, ge=1, le=4096)
+    kernel: int | None = Field(default=None, ge=1, le=257)
     pooling: Literal["max", "avg"] | None = None
 
     @model_validator(mode="after")
@@ -61,9 +63,13 @@ class CompressionIn(BaseModel):
 class RetrievalFields(BaseModel):
     """Where the documents come from: given inline, or found by ``query`` in the corpus."""
 
-    documents: list[DocumentIn] | None = Field(None, max_length=10_000)
-    query: str | None = Field(None, min_length=1, max_length=4_000, description="search the corpus")
-    top_k: int | None = Field(None, ge=1, le=1_000, description="passages taken from the corpus")
+    documents: list[DocumentIn] | None = Field(default=None, max_length=10_000)
+    query: str | None = Field(
+        default=None, min_length=1, max_length=4_000, description="search the corpus"
+    )
+    top_k: int | None = Field(
+        default=None, ge=1, le=1_000, description="passages taken from the corpus"
+    )
     compression: CompressionIn | None = None
 
 
@@ -73,9 +79,9 @@ class AnswerRequest(RetrievalFields):
     model_config = ConfigDict(extra="forbid")
 
     question: str = Field(min_length=1, max_length=1_000_000)
-    max_new_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    temperature: float = Field(0.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
     seed: int | None = None
     stream: bool = False
 
@@ -128,12 +134,12 @@ class ChatCompletionRequest(RetrievalFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=256)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
-    n: int | None = Field(None, ge=1, le=1)
+    n: int | None = Field(default=None, ge=1, le=1)
 
     def question(self) -> str:
         """The last user message: ragsnap answers one question per request."""

@@ -17,33 +17,35 @@ class Settings(BaseSettings):
 
     # where to listen and what to serve
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(default=8000, ge=1, le=65535)
     model: str = "embedded"
     device: str = "auto"
     cache_url: str | None = Field(
-        None,
+        default=None,
         description="KV cache store URL (redis://, file://PATH, none); unset = ragsnap's default",
     )
-    corpus_dir: str | None = Field(None, description="folder searched by the `query` field")
-    served_model_name: str = Field("ragsnap", description="alias accepted as `model` on /v1")
+    corpus_dir: str | None = Field(default=None, description="folder searched by the `query` field")
+    served_model_name: str = Field(
+        default="ragsnap", description="alias accepted as `model` on /v1"
+    )
 
     # authentication: comma-separated keys; each key gets its own cache namespace
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
 
     # request limits
-    max_documents: int = Field(32, ge=1)
-    max_document_bytes: int = Field(64_000, ge=1)
-    max_total_bytes: int = Field(512_000, ge=1)
-    max_question_chars: int = Field(2_000, ge=1)
-    max_new_tokens_limit: int = Field(512, ge=1)
-    default_max_new_tokens: int = Field(128, ge=1)
-    max_body_bytes: int = Field(1_048_576, ge=1024)
-    max_top_k: int = Field(20, ge=1)
-    default_top_k: int = Field(4, ge=1)
+    max_documents: int = Field(default=32, ge=1)
+    max_document_bytes: int = Field(default=64_000, ge=1)
+    max_total_bytes: int = Field(default=512_000, ge=1)
+    max_question_chars: int = Field(default=2_000, ge=1)
+    max_new_tokens_limit: int = Field(default=512, ge=1)
+    default_max_new_tokens: int = Field(default=128, ge=1)
+    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    max_top_k: int = Field(default=20, ge=1)
+    default_top_k: int = Field(default=4, ge=1)
 
     # the worker queue
-    max_queue: int = Field(8, ge=1, description="requests allowed to wait for the worker")
-    retry_after_s: int = Field(2, ge=1, description="smallest Retry-After sent with a 429")
+    max_queue: int = Field(default=8, ge=1, description="requests allowed to wait for the worker")
+    retry_after_s: int = Field(default=2, ge=1, description="smallest Retry-After sent with a 429")
 
     @field_validator("api_keys", mode="before")
     @classmethod

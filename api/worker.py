@@ -14,7 +14,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,7 +180,7 @@ class EngineWorker:
     def _answer(self, job: AnswerJob) -> None:
         job.started_at = time.perf_counter()
         self.metrics.queue_wait.observe(job.started_at - job.accepted_at)
-        events = self.engine.stream(
+        events: Generator[AnswerEvent, None, None] = self.engine.stream(  # type: ignore[assignment]
             job.question,
             job.documents,
             job.options,

@@ -10,8 +10,16 @@ from contextlib import contextmanager
 from typing import Any
 
 DOCS = [
-    {"id": "bees", "title": "Bees", "text": "Honeybees tell each other where flowers are with a waggle dance."},
-    {"id": "tides", "title": "Tides", "text": "Tides are caused mostly by the gravity of the Moon."},
+    {
+        "id": "bees",
+        "title": "Bees",
+        "text": "Honeybees tell each other where flowers are with a waggle dance.",
+    },
+    {
+        "id": "tides",
+        "title": "Tides",
+        "text": "Tides are caused mostly by the gravity of the Moon.",
+    },
 ]
 # small press settings keep each answer cheap on the CPU test model
 FAST = {"press": "snapkv", "budget": 48, "window": 8}

@@ -38,3 +38,18 @@ def redis_factory():
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_kv_cache(tmp_path_factory):
+    """Point the default KV store (``ragsnap ask`` without ``--cache``) at a temporary
+    directory, so test runs neither read nor fill the user's own cache."""
+    import os
+
+    previous = os.environ.get("RAGSNAP_CACHE_URL")
+    os.environ["RAGSNAP_CACHE_URL"] = f"file://{tmp_path_factory.mktemp('kv-cache')}"
+    yield
+    if previous is None:
+        os.environ.pop("RAGSNAP_CACHE_URL", None)
+    else:
+        os.environ["RAGSNAP_CACHE_URL"] = previous

@@ -1,4 +1,4 @@
-"""/v1/answer on the embedded model through a real uvicorn server: events, JSON form, query, errors."""
+"""/v1/answer on the embedded model through a real uvicorn server: events, JSON, query, errors."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ def base_url(engine, tmp_path_factory):
     from api.settings import Settings
 
     corpus = tmp_path_factory.mktemp("corpus")
-    (corpus / "moon.md").write_text("The Moon pulls on the oceans.\n\nThat pull raises the tides twice a day.")
+    (corpus / "moon.md").write_text(
+        "The Moon pulls on the oceans.\n\nThat pull raises the tides twice a day."
+    )
     (corpus / "bees.txt").write_text("Honeybees dance to show where the flowers are.")
     settings = Settings(corpus_dir=str(corpus), max_question_chars=100_000, max_new_tokens_limit=64)
     with running_server(create_app(settings, engine=engine)) as url:
@@ -22,8 +24,13 @@ def base_url(engine, tmp_path_factory):
 
 
 def request_body(**overrides):
-    return {"question": "What causes tides?", "documents": DOCS, "max_new_tokens": 8, "compression": FAST,
-            **overrides}
+    return {
+        "question": "What causes tides?",
+        "documents": DOCS,
+        "max_new_tokens": 8,
+        "compression": FAST,
+        **overrides,
+    }
 
 
 def stream_events(base_url, body):

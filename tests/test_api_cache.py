@@ -26,7 +26,12 @@ def base_url(engine, tmp_path_factory):
 
 
 def ask(base_url, key):
-    body = {"question": "What causes tides?", "documents": DOCS, "max_new_tokens": 3, "compression": FAST}
+    body = {
+        "question": "What causes tides?",
+        "documents": DOCS,
+        "max_new_tokens": 3,
+        "compression": FAST,
+    }
     response = httpx.post(
         f"{base_url}/v1/answer", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=300
     )

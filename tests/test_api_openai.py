@@ -45,7 +45,11 @@ def test_non_streaming_completion_carries_citations_and_stats(client):
 
     # streaming: role first, text deltas, the last choice chunk holds finish_reason + ragsnap fields
     stream = client.chat.completions.create(
-        model="ragsnap", messages=MESSAGES, max_tokens=6, extra_body=EXTRA, stream=True,
+        model="ragsnap",
+        messages=MESSAGES,
+        max_tokens=6,
+        extra_body=EXTRA,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -58,13 +62,18 @@ def test_non_streaming_completion_carries_citations_and_stats(client):
     assert final.model_extra["ragsnap"]["kept_tokens"] == stats["kept_tokens"]
     text = "".join(c.choices[0].delta.content or "" for c in with_choices)
     assert text == choice.message.content  # greedy: the same answer both ways
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == completion.usage.completion_tokens
+    assert (
+        chunks[-1].choices == []
+        and chunks[-1].usage.completion_tokens == completion.usage.completion_tokens
+    )
 
 
 def test_client_errors_are_openai_errors(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model="ragsnap", messages=MESSAGES, extra_body={"documents": DOCS, "compression": {"press": "zip"}}
+            model="ragsnap",
+            messages=MESSAGES,
+            extra_body={"documents": DOCS, "compression": {"press": "zip"}},
         )
     assert info.value.body["param"] == "compression.press"
     bad_key = openai.OpenAI(base_url=str(client.base_url), api_key="wrong", max_retries=0)

@@ -38,12 +38,20 @@ def metric(base_url, name):
 def test_full_queue_is_429_and_a_disconnect_frees_the_worker(base_url):
     long_answer = {
         "question": "List every word of both documents, one per line, then repeat the list.",
-        "documents": DOCS, "max_new_tokens": 400, "compression": FAST, "stream": True,
+        "documents": DOCS,
+        "max_new_tokens": 400,
+        "compression": FAST,
+        "stream": True,
     }
     queued_result = {}
 
     def queued_request():
-        body = {"question": "What causes tides?", "documents": DOCS, "max_new_tokens": 4, "compression": FAST}
+        body = {
+            "question": "What causes tides?",
+            "documents": DOCS,
+            "max_new_tokens": 4,
+            "compression": FAST,
+        }
         queued_result["response"] = httpx.post(f"{base_url}/v1/answer", json=body, timeout=300)
 
     with httpx.stream("POST", f"{base_url}/v1/answer", json=long_answer, timeout=300) as running:
@@ -54,7 +62,9 @@ def test_full_queue_is_429_and_a_disconnect_frees_the_worker(base_url):
         waiter.start()
         wait_for(lambda: httpx.get(f"{base_url}/readyz").json()["queue"]["waiting"] == 1)
 
-        refused = httpx.post(f"{base_url}/v1/answer", json={**long_answer, "stream": False}, timeout=30)
+        refused = httpx.post(
+            f"{base_url}/v1/answer", json={**long_answer, "stream": False}, timeout=30
+        )
         assert refused.status_code == 429
         assert int(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["code"] == "queue_full"
@@ -64,7 +74,9 @@ def test_full_queue_is_429_and_a_disconnect_frees_the_worker(base_url):
     waiter.join(300)
     assert queued_result["response"].status_code == 200, queued_result["response"].text
     assert queued_result["response"].json()["stats"]["new_tokens"] <= 4
-    wait_for(lambda: metric(base_url, 'ragsnap_answers_total{outcome="cancelled"}') == 1.0, timeout=30)
+    wait_for(
+        lambda: metric(base_url, 'ragsnap_answers_total{outcome="cancelled"}') == 1.0, timeout=30
+    )
     assert metric(base_url, 'ragsnap_answers_total{outcome="ok"}') == 1.0
     assert metric(base_url, "ragsnap_queue_rejections_total") == 1.0
     assert httpx.get(f"{base_url}/readyz").json()["queue"] == {"waiting": 0, "busy": False}
@@ -72,10 +84,17 @@ def test_full_queue_is_429_and_a_disconnect_frees_the_worker(base_url):
 
 def test_a_non_streaming_client_that_leaves_is_cancelled(base_url):
     before = metric(base_url, 'ragsnap_answers_total{outcome="cancelled"}')
-    body = {"question": "List every word of both documents.", "documents": DOCS, "max_new_tokens": 400,
-            "compression": FAST}
+    body = {
+        "question": "List every word of both documents.",
+        "documents": DOCS,
+        "max_new_tokens": 400,
+        "compression": FAST,
+    }
     with pytest.raises(httpx.ReadTimeout):
         # the client gives up while the worker is busy with its answer
         httpx.post(f"{base_url}/v1/answer", json=body, timeout=httpx.Timeout(30, read=3))
-    wait_for(lambda: metric(base_url, 'ragsnap_answers_total{outcome="cancelled"}') == before + 1, timeout=120)
+    wait_for(
+        lambda: metric(base_url, 'ragsnap_answers_total{outcome="cancelled"}') == before + 1,
+        timeout=120,
+    )
     assert httpx.get(f"{base_url}/readyz").json()["queue"] == {"waiting": 0, "busy": False}

@@ -52,7 +52,9 @@ def assert_error(response, status, param, code=None):
 def test_missing_and_wrong_key_are_401(client):
     assert_error(client.post("/v1/answer", json=body()), 401, None, "missing_api_key")
     wrong = {"Authorization": "Bearer not-a-key"}
-    error = assert_error(client.post("/v1/answer", json=body(), headers=wrong), 401, None, "invalid_api_key")
+    error = assert_error(
+        client.post("/v1/answer", json=body(), headers=wrong), 401, None, "invalid_api_key"
+    )
     assert error["type"] == "authentication_error"
     assert client.get("/v1/models", headers=wrong).status_code == 401
     assert client.post("/v1/chat/completions", json={}, headers=wrong).status_code == 401
@@ -60,35 +62,55 @@ def test_missing_and_wrong_key_are_401(client):
 
 def test_too_many_documents_is_413(client):
     docs = [{"id": str(i), "text": f"document number {i}"} for i in range(4)]
-    assert_error(client.post("/v1/answer", json=body(documents=docs), headers=AUTH), 413, "documents",
-                 "too_many_documents")
+    assert_error(
+        client.post("/v1/answer", json=body(documents=docs), headers=AUTH),
+        413,
+        "documents",
+        "too_many_documents",
+    )
 
 
 def test_document_and_total_bytes_are_413(client):
     big = [DOCS[0], {"id": "big", "text": "x" * 401}]
-    assert_error(client.post("/v1/answer", json=body(documents=big), headers=AUTH), 413,
-                 "documents[1].text", "document_too_large")
+    assert_error(
+        client.post("/v1/answer", json=body(documents=big), headers=AUTH),
+        413,
+        "documents[1].text",
+        "document_too_large",
+    )
     three = [{"id": str(i), "text": "y" * 300} for i in range(3)]
-    assert_error(client.post("/v1/answer", json=body(documents=three), headers=AUTH), 413,
-                 "documents", "documents_too_large")
+    assert_error(
+        client.post("/v1/answer", json=body(documents=three), headers=AUTH),
+        413,
+        "documents",
+        "documents_too_large",
+    )
 
 
 def test_oversized_body_is_413_before_parsing(client):
     payload = json.dumps(body(question="q" * 5000)).encode()
-    response = client.post("/v1/answer", content=payload, headers={**AUTH, "content-type": "application/json"})
+    response = client.post(
+        "/v1/answer", content=payload, headers={**AUTH, "content-type": "application/json"}
+    )
     assert_error(response, 413, "body", "body_too_large")
 
     def chunks():  # no Content-Length: the guard counts while reading
         yield payload[:2000]
         yield payload[2000:]
 
-    response = client.post("/v1/answer", content=chunks(), headers={**AUTH, "content-type": "application/json"})
+    response = client.post(
+        "/v1/answer", content=chunks(), headers={**AUTH, "content-type": "application/json"}
+    )
     assert_error(response, 413, "body", "body_too_large")
 
 
 def test_long_question_is_413(client):
-    assert_error(client.post("/v1/answer", json=body(question="why " * 60), headers=AUTH), 413,
-                 "question", "question_too_long")
+    assert_error(
+        client.post("/v1/answer", json=body(question="why " * 60), headers=AUTH),
+        413,
+        "question",
+        "question_too_long",
+    )
 
 
 def test_unknown_press_is_422_naming_the_field(client):
@@ -99,36 +121,61 @@ def test_unknown_press_is_422_naming_the_field(client):
 
 def test_budget_below_window_is_422(client):
     response = client.post(
-        "/v1/answer", json=body(compression={"press": "snapkv", "budget": 4, "window": 16}), headers=AUTH
+        "/v1/answer",
+        json=body(compression={"press": "snapkv", "budget": 4, "window": 16}),
+        headers=AUTH,
     )
     assert_error(response, 422, "compression.budget")
 
 
 def test_budget_and_ratio_together_is_422(client):
-    response = client.post("/v1/answer", json=body(compression={"budget": 64, "ratio": 0.5}), headers=AUTH)
+    response = client.post(
+        "/v1/answer", json=body(compression={"budget": 64, "ratio": 0.5}), headers=AUTH
+    )
     assert_error(response, 422, "compression")
 
 
 def test_empty_question_is_422(client):
-    assert_error(client.post("/v1/answer", json=body(question="   "), headers=AUTH), 422, "question")
+    assert_error(
+        client.post("/v1/answer", json=body(question="   "), headers=AUTH), 422, "question"
+    )
     assert_error(client.post("/v1/answer", json=body(question=""), headers=AUTH), 422, "question")
 
 
 def test_malformed_json_is_422(client):
-    response = client.post("/v1/answer", content=b'{"question": "x", ', headers={**AUTH, "content-type": "application/json"})
+    response = client.post(
+        "/v1/answer",
+        content=b'{"question": "x", ',
+        headers={**AUTH, "content-type": "application/json"},
+    )
     assert_error(response, 422, "body", "json_invalid")
 
 
 def test_field_errors_name_the_field(client):
     docs = [DOCS[0], {"id": "empty", "text": ""}]
-    assert_error(client.post("/v1/answer", json=body(documents=docs), headers=AUTH), 422, "documents[1].text")
-    assert_error(client.post("/v1/answer", json=body(max_new_tokens=33), headers=AUTH), 422, "max_new_tokens")
-    assert_error(client.post("/v1/answer", json=body(max_new_tokens=0), headers=AUTH), 422, "max_new_tokens")
-    assert_error(client.post("/v1/answer", json={"documents": DOCS}, headers=AUTH), 422, "question", "missing_field")
-    assert_error(client.post("/v1/answer", json=body(documents=None), headers=AUTH), 422, "documents")
+    assert_error(
+        client.post("/v1/answer", json=body(documents=docs), headers=AUTH), 422, "documents[1].text"
+    )
+    assert_error(
+        client.post("/v1/answer", json=body(max_new_tokens=33), headers=AUTH), 422, "max_new_tokens"
+    )
+    assert_error(
+        client.post("/v1/answer", json=body(max_new_tokens=0), headers=AUTH), 422, "max_new_tokens"
+    )
+    assert_error(
+        client.post("/v1/answer", json={"documents": DOCS}, headers=AUTH),
+        422,
+        "question",
+        "missing_field",
+    )
+    assert_error(
+        client.post("/v1/answer", json=body(documents=None), headers=AUTH), 422, "documents"
+    )
     assert_error(client.post("/v1/answer", json=body(query="tides"), headers=AUTH), 422, "query")
     dup = [DOCS[0], {**DOCS[1], "id": "bees"}]
-    assert_error(client.post("/v1/answer", json=body(documents=dup), headers=AUTH), 422, "documents[1].id")
+    assert_error(
+        client.post("/v1/answer", json=body(documents=dup), headers=AUTH), 422, "documents[1].id"
+    )
     assert_error(client.post("/v1/answer", json=body(colour="red"), headers=AUTH), 422, "colour")
 
 
@@ -139,17 +186,28 @@ def test_openai_route_answers_bad_input_with_400(client):
         "documents": DOCS,
         "compression": {"press": "zip"},
     }
-    assert_error(client.post("/v1/chat/completions", json=chat, headers=AUTH), 400, "compression.press")
+    assert_error(
+        client.post("/v1/chat/completions", json=chat, headers=AUTH), 400, "compression.press"
+    )
     no_user = {**chat, "compression": None, "messages": [{"role": "system", "content": "hi"}]}
     assert_error(client.post("/v1/chat/completions", json=no_user, headers=AUTH), 400, "messages")
     missing = {k: v for k, v in chat.items() if k != "messages"}
     assert_error(client.post("/v1/chat/completions", json=missing, headers=AUTH), 400, "messages")
     too_long = {**chat, "compression": None, "max_tokens": 99}
-    assert_error(client.post("/v1/chat/completions", json=too_long, headers=AUTH), 400, "max_tokens")
-    bad_json = client.post("/v1/chat/completions", content=b"{", headers={**AUTH, "content-type": "application/json"})
+    assert_error(
+        client.post("/v1/chat/completions", json=too_long, headers=AUTH), 400, "max_tokens"
+    )
+    bad_json = client.post(
+        "/v1/chat/completions", content=b"{", headers={**AUTH, "content-type": "application/json"}
+    )
     assert_error(bad_json, 400, "body", "json_invalid")
     unknown = {**chat, "compression": None, "model": "gpt-9"}
-    assert_error(client.post("/v1/chat/completions", json=unknown, headers=AUTH), 404, "model", "model_not_found")
+    assert_error(
+        client.post("/v1/chat/completions", json=unknown, headers=AUTH),
+        404,
+        "model",
+        "model_not_found",
+    )
 
 
 def test_health_ready_models_and_metrics(client):
@@ -172,11 +230,36 @@ def test_access_log_is_one_line_without_text(client, caplog):
     docs = [{"id": "s", "text": secret_text}] * 4
     with caplog.at_level(logging.INFO, logger="ragsnap.api.access"):
         client.post("/v1/answer", json=body(documents=docs), headers=AUTH)
-        client.post("/v1/answer", json=body(documents=docs), headers={"Authorization": f"Bearer {OTHER_KEY}"})
+        client.post(
+            "/v1/answer",
+            json=body(documents=docs),
+            headers={"Authorization": f"Bearer {OTHER_KEY}"},
+        )
     lines = [r.getMessage() for r in caplog.records if r.name == "ragsnap.api.access"]
     assert len(lines) == 2
     records = [json.loads(line) for line in lines]
-    assert all(r["status"] == 413 and r["path"] == "/v1/answer" and r["request_id"] for r in records)
+    assert all(
+        r["status"] == 413 and r["path"] == "/v1/answer" and r["request_id"] for r in records
+    )
     # one namespace per key, and neither the key nor any document text in the log
     assert records[0]["namespace"] != records[1]["namespace"]
     assert not any(secret_text in line or KEY in line or OTHER_KEY in line for line in lines)
+
+
+def test_not_ready_is_503_while_health_answers(tmp_path):
+    from api.app import create_app
+    from api.settings import Settings
+
+    # no engine given: the app loads one in the background, and this one cannot load
+    app = create_app(Settings(model=str(tmp_path / "no-such-model"), cache_url="none"))
+    with TestClient(app) as test_client:
+        assert test_client.get("/healthz").status_code == 200
+        for _ in range(200):
+            ready = test_client.get("/readyz")
+            if ready.json()["status"] != "loading":
+                break
+        assert ready.status_code == 503 and ready.json()["status"] == "failed"
+        assert str(tmp_path) not in ready.text
+        response = test_client.post("/v1/answer", json=body())
+        assert_error(response, 503, None, "not_ready")
+        assert response.headers["retry-after"]

@@ -21,8 +21,23 @@ def tiny(monkeypatch):
 
 
 def test_bench_decode_json(tiny, capsys) -> None:
-    code = main(["bench", "decode", "--context", "160,224", "--budget", "96", "--window", "8",
-                 "--repeats", "2", "--decode-tokens", "3", "--json"])
+    code = main(
+        [
+            "bench",
+            "decode",
+            "--context",
+            "160,224",
+            "--budget",
+            "96",
+            "--window",
+            "8",
+            "--repeats",
+            "2",
+            "--decode-tokens",
+            "3",
+            "--json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     report = json.loads(out)
@@ -31,9 +46,16 @@ def test_bench_decode_json(tiny, capsys) -> None:
     assert [r["context"] for r in report["results"]] == [160, 224]
     per_token = 4 * 2 * KV_HEADS * HEAD_DIM * 4  # layers x (K, V) x heads x dim x float32
     for row in report["results"]:
-        assert set(row) == {"context", "prefill_s", "compress_s", "decode_ms_full",
-                            "decode_ms_compressed", "decode_ms_floor", "kv_bytes_full",
-                            "kv_bytes_compressed"}
+        assert set(row) == {
+            "context",
+            "prefill_s",
+            "compress_s",
+            "decode_ms_full",
+            "decode_ms_compressed",
+            "decode_ms_floor",
+            "kv_bytes_full",
+            "kv_bytes_compressed",
+        }
         assert row["kv_bytes_full"] == per_token * row["context"]
         assert row["kv_bytes_compressed"] == per_token * 96
         assert 0 < row["compress_s"] < row["prefill_s"]
@@ -41,8 +63,25 @@ def test_bench_decode_json(tiny, capsys) -> None:
 
 
 def test_bench_decode_table(tiny, capsys) -> None:
-    assert main(["bench", "decode", "--context", "160", "--budget", "96", "--window", "8",
-                 "--repeats", "1", "--decode-tokens", "2"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "decode",
+                "--context",
+                "160",
+                "--budget",
+                "96",
+                "--window",
+                "8",
+                "--repeats",
+                "1",
+                "--decode-tokens",
+                "2",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("model tiny-llama on cpu, budget 96")
     assert lines[2].split()[0] == "160"

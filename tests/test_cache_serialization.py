@@ -28,12 +28,16 @@ def _entry(length: int = 50, kept: int = 12, layers: int = 3, dtype: torch.dtype
     gen = torch.Generator().manual_seed(0)
     cache_layers, compressed = [], []
     for i in range(layers):
-        idx = torch.stack([torch.randperm(length, generator=gen)[:kept].sort().values for _ in range(2)])
+        idx = torch.stack(
+            [torch.randperm(length, generator=gen)[:kept].sort().values for _ in range(2)]
+        )
         k = torch.randn(1, 2, kept, 8, generator=gen).to(dtype)
         v = torch.randn(1, 2, kept, 8, generator=gen).to(dtype)
         cache_layers.append((k, v))
         bias = torch.randn(1, 2, kept, generator=gen) if i == 1 else None
-        layer = CompressedLayer(indices=idx.unsqueeze(0) + (length - 50), keys=k, values=v, bias=bias)
+        layer = CompressedLayer(
+            indices=idx.unsqueeze(0) + (length - 50), keys=k, values=v, bias=bias
+        )
         if i == 2:  # kept entries that are not the cache's own tensors travel separately
             layer = CompressedLayer(indices=layer.indices, keys=k.clone() + 1, values=v.clone())
         compressed.append(layer)
@@ -44,9 +48,15 @@ def _entry(length: int = 50, kept: int = 12, layers: int = 3, dtype: torch.dtype
 def _serialize(length: int = 50, storage_dtype=None, **kwargs):
     layers, kept, logits = _entry(length, **kwargs)
     payload = serialize_prefill(
-        layers, kept, logits, original_length=length, press_config={"press": "snapkv", "budget": 12},
-        kv_bytes_full=1234, storage_dtype=storage_dtype,
-        decode_bias={1: torch.full((1, 2, 12), 0.5)}, **MODEL,
+        layers,
+        kept,
+        logits,
+        original_length=length,
+        press_config={"press": "snapkv", "budget": 12},
+        kv_bytes_full=1234,
+        storage_dtype=storage_dtype,
+        decode_bias={1: torch.full((1, 2, 12), 0.5)},
+        **MODEL,
     )
     return payload, layers, kept, logits
 
@@ -92,7 +102,9 @@ def test_stale_version_wrong_model_and_garbage_are_stale_entries():
         deserialize_prefill(b"\x00" * 3, **MODEL)
     with pytest.raises(StaleEntry):
         deserialize_prefill(b"\xff" * 64, **MODEL)
-    prefix = serialize_prefix([(torch.ones(1, 2, 5, 8), torch.zeros(1, 2, 5, 8))], prefix_len=5, **MODEL)
+    prefix = serialize_prefix(
+        [(torch.ones(1, 2, 5, 8), torch.zeros(1, 2, 5, 8))], prefix_len=5, **MODEL
+    )
     with pytest.raises(StaleEntry, match="kind"):
         deserialize_prefill(prefix, **MODEL)
 
@@ -101,7 +113,9 @@ def test_prefix_round_trip_and_length_check():
     layers = [(torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)) for _ in range(2)]
     payload = serialize_prefix(layers, prefix_len=7, **MODEL)
     back = deserialize_prefix(payload, prefix_len=7, **MODEL)
-    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(layers, back, strict=True))
+    assert all(
+        torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(layers, back, strict=True)
+    )
     with pytest.raises(StaleEntry, match="prefix of 7"):
         deserialize_prefix(payload, prefix_len=8, **MODEL)
     assert json.loads(read_metadata(payload)["num_layers"]) == 2
@@ -109,9 +123,12 @@ def test_prefix_round_trip_and_length_check():
 
 def _ckey(**over):
     fields = dict(
-        model=keys.model_identity("m", "r", "float32", "cpu"), template_version="t1",
-        press_config={"press": "snapkv", "budget": 64}, doc_hashes=["a", "b"],
-        question="What is X?", prompt_ids=[1, 2, 3],
+        model=keys.model_identity("m", "r", "float32", "cpu"),
+        template_version="t1",
+        press_config={"press": "snapkv", "budget": 64},
+        doc_hashes=["a", "b"],
+        question="What is X?",
+        prompt_ids=[1, 2, 3],
     )
     fields.update(over)
     return keys.compressed_key("ns", **fields)
@@ -132,8 +149,11 @@ def test_keys_depend_on_every_part_and_on_document_order():
     ):
         assert _ckey(**change).digest != base.digest, change
     prefix = keys.prefix_key(
-        "ns", model=keys.model_identity("m", "r", "float32", "cpu"), template_version="t1",
-        doc_hashes=["a", "b"], prefix_ids=[1, 2],
+        "ns",
+        model=keys.model_identity("m", "r", "float32", "cpu"),
+        template_version="t1",
+        doc_hashes=["a", "b"],
+        prefix_ids=[1, 2],
     )
     assert prefix.kind == "prefix" and prefix.digest != base.digest
     assert keys.compressed_key(None, **{k: v for k, v in _fields().items()}).namespace == "default"
@@ -141,8 +161,12 @@ def test_keys_depend_on_every_part_and_on_document_order():
 
 def _fields():
     return dict(
-        model=keys.model_identity("m", "r", "float32", "cpu"), template_version="t1",
-        press_config={}, doc_hashes=[], question="q", prompt_ids=[1],
+        model=keys.model_identity("m", "r", "float32", "cpu"),
+        template_version="t1",
+        press_config={},
+        doc_hashes=[],
+        question="q",
+        prompt_ids=[1],
     )
 
 

@@ -22,7 +22,9 @@ def docs(tmp_path: Path) -> list[str]:
     tides = tmp_path / "tides.txt"
     tides.write_text(TIDES, encoding="utf-8")
     more = tmp_path / "more.jsonl"
-    more.write_text(json.dumps({"id": "bees", "title": "Honeybees", "text": BEES}) + "\n", encoding="utf-8")
+    more.write_text(
+        json.dumps({"id": "bees", "title": "Honeybees", "text": BEES}) + "\n", encoding="utf-8"
+    )
     return [str(tides), str(more)]
 
 
@@ -45,12 +47,33 @@ def ask(capsys, *argv: str) -> tuple[int, str, str]:
 @pytest.mark.model
 def test_ask_json_from_the_console_script(docs) -> None:
     command = [
-        sys.executable, "-m", "ragsnap", "ask", "--question", "What causes tides?",
-        "--docs", *docs, "--press", "snapkv", "--budget", "48", "--window", "16",
-        "--max-new-tokens", "24", "--device", "cpu", "--json",
+        sys.executable,
+        "-m",
+        "ragsnap",
+        "ask",
+        "--question",
+        "What causes tides?",
+        "--docs",
+        *docs,
+        "--press",
+        "snapkv",
+        "--budget",
+        "48",
+        "--window",
+        "16",
+        "--max-new-tokens",
+        "24",
+        "--device",
+        "cpu",
+        "--json",
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
     assert set(payload) >= {"answer", "citations", "stats"}
@@ -59,8 +82,18 @@ def test_ask_json_from_the_console_script(docs) -> None:
         assert set(citation) == {"index", "doc_id", "title", "kept_share"}
         assert citation["doc_id"] in {"tides", "bees"}
     stats = payload["stats"]
-    required = {"press", "budget", "prompt_tokens", "kept_tokens", "prefill_s", "compress_s",
-                "ttft_s", "decode_ms_per_token", "kv_bytes_full", "kv_bytes_kept"}
+    required = {
+        "press",
+        "budget",
+        "prompt_tokens",
+        "kept_tokens",
+        "prefill_s",
+        "compress_s",
+        "ttft_s",
+        "decode_ms_per_token",
+        "kv_bytes_full",
+        "kv_bytes_kept",
+    }
     assert required <= set(stats)
     assert stats["press"] == "snapkv" and stats["budget"] == 48 and stats["kept_tokens"] == 48
     assert stats["prompt_tokens"] > 48
@@ -71,8 +104,21 @@ def test_ask_json_from_the_console_script(docs) -> None:
 def test_ask_streams_the_answer_then_a_summary(engine, docs, capsys, monkeypatch) -> None:
     # reuse the session's loaded model instead of loading a second copy
     monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
-    code, out, err = ask(capsys, "-q", "What causes tides?", "--docs", *docs, "--press", "snapkv",
-                         "--budget", "48", "--window", "16", "--max-new-tokens", "24")
+    code, out, err = ask(
+        capsys,
+        "-q",
+        "What causes tides?",
+        "--docs",
+        *docs,
+        "--press",
+        "snapkv",
+        "--budget",
+        "48",
+        "--window",
+        "16",
+        "--max-new-tokens",
+        "24",
+    )
     assert code == 0, err
     answer, _, summary = out.partition("\n---\n")
     assert answer.strip()
@@ -86,8 +132,21 @@ def test_ask_streams_the_answer_then_a_summary(engine, docs, capsys, monkeypatch
         (["-q", "Why?", "--docs", "MISSING"], "document file not found: MISSING"),
         (["-q", "   ", "--docs", "DOC"], "question is empty"),
         (["-q", "Why?", "--docs", "DOC", "--press", "magic"], "unknown press 'magic'"),
-        (["-q", "Why?", "--docs", "DOC", "--press", "snapkv", "--budget", "16", "--window", "32"],
-         "budget (16) must be at least the window (32)"),
+        (
+            [
+                "-q",
+                "Why?",
+                "--docs",
+                "DOC",
+                "--press",
+                "snapkv",
+                "--budget",
+                "16",
+                "--window",
+                "32",
+            ],
+            "budget (16) must be at least the window (32)",
+        ),
         (["-q", "Why?", "--docs", "BAD_JSONL"], "bad.jsonl:2: not valid JSON"),
         (["-q", "Why?"], "no documents"),
     ],
@@ -112,8 +171,12 @@ def test_ask_bad_input_is_one_clear_line(tmp_path, capsys, no_model_load, argv, 
 def test_console_script_error_has_no_traceback(tmp_path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "ragsnap", "ask", "-q", "Why?", "--docs", str(tmp_path / "nope.md")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode != 0
     assert "Traceback" not in done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("ragsnap: error: document file not found")
+    assert (
+        done.stderr.strip().splitlines()[-1].startswith("ragsnap: error: document file not found")
+    )

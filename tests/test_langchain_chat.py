@@ -16,15 +16,25 @@ from tests.api_helpers import FAST, running_server
 
 QUESTION = "What causes tides?"
 DOCS = [
-    LCDocument(page_content="Honeybees dance to show where flowers are.", metadata={"title": "Bees"}, id="bees"),
-    LCDocument(page_content="Tides are caused by the gravity of the Moon.", metadata={"title": "Tides"}, id="tides"),
+    LCDocument(
+        page_content="Honeybees dance to show where flowers are.",
+        metadata={"title": "Bees"},
+        id="bees",
+    ),
+    LCDocument(
+        page_content="Tides are caused by the gravity of the Moon.",
+        metadata={"title": "Tides"},
+        id="tides",
+    ),
 ]
 
 
 @pytest.fixture(scope="module")
 def retriever(tmp_path_factory):
     corpus = tmp_path_factory.mktemp("lc-corpus")
-    (corpus / "tides.md").write_text("Tides are caused by the gravity of the Moon pulling the oceans.")
+    (corpus / "tides.md").write_text(
+        "Tides are caused by the gravity of the Moon pulling the oceans."
+    )
     (corpus / "bees.md").write_text("Honeybees dance to show the hive where flowers are.")
     return RagSnapRetriever.from_directory(corpus, top_k=1)
 
@@ -80,9 +90,17 @@ def test_rag_chain_returns_cited_documents(engine, retriever):
 
 
 def test_cited_documents_follow_the_citation_ids():
-    docs = [LCDocument(page_content="a", id="x"), LCDocument(page_content="b"), LCDocument(page_content="c", id="x")]
+    docs = [
+        LCDocument(page_content="a", id="x"),
+        LCDocument(page_content="b"),
+        LCDocument(page_content="c", id="x"),
+    ]
     assert [d.id for d in from_langchain_documents(docs)] == ["x", "2", "x~2"]
-    citations = [{"index": 3, "doc_id": "x~2"}, {"index": 2, "doc_id": "2"}, {"index": 9, "doc_id": "gone"}]
+    citations = [
+        {"index": 3, "doc_id": "x~2"},
+        {"index": 2, "doc_id": "2"},
+        {"index": 9, "doc_id": "gone"},
+    ]
     assert cited_documents(citations, docs) == [docs[2], docs[1]]
 
 

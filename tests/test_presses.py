@@ -103,14 +103,16 @@ def test_pyramidkv_falls_back_to_uniform_on_short_prompts(llama) -> None:
 
 
 def reference_h2o(queries: torch.Tensor, keys: torch.Tensor, window: int, scale: float):
-    """Accumulated causal attention of every prompt query, averaged per KV group: ``[Hkv, L - w]``."""
+    """Accumulated causal attention of all prompt queries, mean per KV group: ``[Hkv, L - w]``."""
     hq, length = queries.shape[0], keys.shape[1]
     group = hq // keys.shape[0]
     scores = torch.zeros(keys.shape[0], length)
     for kv_head in range(keys.shape[0]):
         for g in range(group):
             for pos in range(length):
-                logits = keys[kv_head, : pos + 1].float() @ queries[kv_head * group + g, pos] * scale
+                logits = (
+                    keys[kv_head, : pos + 1].float() @ queries[kv_head * group + g, pos] * scale
+                )
                 scores[kv_head, : pos + 1] += torch.softmax(logits, dim=0) / group
     return scores[:, : length - window]
 

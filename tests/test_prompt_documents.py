@@ -27,18 +27,23 @@ def tokenizer():
 
 
 def test_prompt_puts_documents_in_order_and_the_question_last(tokenizer) -> None:
-    docs = [Document(id="a", title="t10", text=words(20, 40)), Document(id="b", title="t11", text=words(60, 30))]
+    docs = [
+        Document(id="a", title="t10", text=words(20, 40)),
+        Document(id="b", title="t11", text=words(60, 30)),
+    ]
     layout = assemble_prompt(tokenizer, words(90, 5), docs, max_prompt_tokens=1000)
     assert layout.documents == docs and not layout.dropped_doc_ids and not layout.truncated_doc_ids
     tokens = tokenizer.convert_ids_to_tokens(layout.input_ids)
     for (start, end), doc in zip(layout.doc_spans, docs, strict=True):
         # each span is exactly the document's text with its "[n] title" header
-        assert tokens[start + 2 :end] == doc.text.split()
+        assert tokens[start + 2 : end] == doc.text.split()
         assert tokens[start + 1] == doc.title
     assert layout.doc_spans[0][1] == layout.doc_spans[1][0]
     assert layout.prefix_len == layout.doc_spans[-1][1]
     tail = tokens[layout.prefix_len :]
-    assert [t for t in tail if t != "<unk>"] == words(90, 5).split()  # nothing but the question after the docs
+    assert [t for t in tail if t != "<unk>"] == words(
+        90, 5
+    ).split()  # nothing but the question after the docs
     assert layout.num_tokens == len(layout.input_ids)
 
 
@@ -76,7 +81,10 @@ def test_prompt_rejects_empty_and_oversized_questions(tokenizer) -> None:
 
 
 def test_format_document_numbers_and_titles() -> None:
-    assert format_document(3, Document(id="x", title="Tides", text=" The moon.  ")) == "[3] Tides\nThe moon.\n\n"
+    assert (
+        format_document(3, Document(id="x", title="Tides", text=" The moon.  "))
+        == "[3] Tides\nThe moon.\n\n"
+    )
     assert format_document(1, Document(id="x", text="Body")).startswith("[1]\nBody")
 
 
@@ -91,7 +99,9 @@ def test_load_documents_from_text_markdown_and_jsonl(tmp_path: Path) -> None:
         {"title": "No id", "text": "Gets one from the file name and line."},
     ]
     jsonl = tmp_path / "more.jsonl"
-    jsonl.write_text(json.dumps(records[0]) + "\n\n" + json.dumps(records[1]) + "\n", encoding="utf-8")
+    jsonl.write_text(
+        json.dumps(records[0]) + "\n\n" + json.dumps(records[1]) + "\n", encoding="utf-8"
+    )
     docs = load_documents([tmp_path / "tides.txt", tmp_path / "bees.md", jsonl])
     assert [(d.id, d.title) for d in docs] == [
         ("tides", "tides"),
@@ -102,7 +112,9 @@ def test_load_documents_from_text_markdown_and_jsonl(tmp_path: Path) -> None:
     assert docs[0].text == "The moon pulls the sea."
     assert docs[2].metadata == {"year": 1928}
     assert docs[0].content_hash != docs[1].content_hash
-    assert Document(id="other", text=docs[0].text, title="tides").content_hash == docs[0].content_hash
+    assert (
+        Document(id="other", text=docs[0].text, title="tides").content_hash == docs[0].content_hash
+    )
 
 
 @pytest.mark.parametrize(
@@ -115,7 +127,11 @@ def test_load_documents_from_text_markdown_and_jsonl(tmp_path: Path) -> None:
         ("notext.jsonl", '{"id": "a", "title": "t"}\n', "'text' must be a non-empty string"),
         ("badid.jsonl", '{"id": [1], "text": "x"}\n', "'id' must be"),
         ("doc.pdf", "%PDF", "unsupported document file type"),
-        ("dups.jsonl", '{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n', "duplicate document ids: a"),
+        (
+            "dups.jsonl",
+            '{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n',
+            "duplicate document ids: a",
+        ),
     ],
 )
 def test_load_documents_rejects_bad_input(tmp_path: Path, name: str, content, message: str) -> None:
@@ -148,11 +164,18 @@ def test_extract_citations_maps_to_documents_and_drops_unknown_numbers() -> None
         (2, "b", "Bees", 0.25),
         (1, "t", "Tides", 0.5),
     ]
-    assert citations[0].to_dict() == {"index": 2, "doc_id": "b", "title": "Bees", "kept_share": 0.25}
+    assert citations[0].to_dict() == {
+        "index": 2,
+        "doc_id": "b",
+        "title": "Bees",
+        "kept_share": 0.25,
+    }
     assert extract_citations("[1]", docs)[0].kept_share is None
     assert extract_citations("no markers", docs) == []
 
 
 def test_document_keep_shares_average_over_spans() -> None:
     rate = torch.tensor([1.0, 1.0, 0.5, 0.0, 0.0, 0.25])
-    assert document_keep_shares(rate, [(0, 2), (2, 5), (5, 5)]) == pytest.approx([1.0, 0.5 / 3, 0.0])
+    assert document_keep_shares(rate, [(0, 2), (2, 5), (5, 5)]) == pytest.approx(
+        [1.0, 0.5 / 3, 0.0]
+    )

@@ -20,8 +20,16 @@ def corpus(tmp_path):
     )
     (tmp_path / "bees.txt").write_text("Honeybees dance to tell the hive where flowers are.")
     records = [
-        {"id": "pen", "title": "Penicillin", "text": "Fleming found penicillin in a mould in 1928."},
-        {"id": "rosetta", "title": "Rosetta", "text": "The Rosetta Stone has one decree in three scripts."},
+        {
+            "id": "pen",
+            "title": "Penicillin",
+            "text": "Fleming found penicillin in a mould in 1928.",
+        },
+        {
+            "id": "rosetta",
+            "title": "Rosetta",
+            "text": "The Rosetta Stone has one decree in three scripts.",
+        },
     ]
     (tmp_path / "more.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
     (tmp_path / "ignored.csv").write_text("a,b\n1,2\n")

@@ -61,8 +61,10 @@ def reference_run(model, input_ids: list[int]):
     captured: dict[int, torch.Tensor] = {}
     handles = []
     for idx, layer in enumerate(model.model.layers):
+
         def grab(_module, _args, output, idx=idx):
             captured[idx] = output.detach()
+
         handles.append(layer.input_layernorm.register_forward_hook(grab))
     try:
         cache = DynamicCache(config=model.config)
@@ -111,7 +113,9 @@ def reference_snapkv(queries, keys, window: int, budget: int, kernel: int, pooli
             lo, hi = max(0, j - half), min(prefix, j + half + 1)
             neighbourhood = scores[kv_head, lo:hi]
             # zero padding at the edges, as a padded average pool counts it
-            pooled[kv_head, j] = neighbourhood.max() if pooling == "max" else neighbourhood.sum() / kernel
+            pooled[kv_head, j] = (
+                neighbourhood.max() if pooling == "max" else neighbourhood.sum() / kernel
+            )
     return pooled
 
 
@@ -127,7 +131,9 @@ def assert_same_selection(kept: torch.Tensor, ref_scores: torch.Tensor, window: 
     exact = 0
     for head in range(kept.shape[0]):
         indices = kept[head]
-        assert torch.equal(indices, indices.sort().values), "kept indices are not in positional order"
+        assert torch.equal(indices, indices.sort().values), (
+            "kept indices are not in positional order"
+        )
         assert indices.shape[0] == budget
         assert indices[-window:].tolist() == list(range(prefix, length)), "the window was not kept"
         chosen = set(indices[:-window].tolist())
@@ -137,7 +143,9 @@ def assert_same_selection(kept: torch.Tensor, ref_scores: torch.Tensor, window: 
         above = {j for j in range(prefix) if scores[j] > cutoff + tol}
         tied = {j for j in range(prefix) if abs(scores[j] - cutoff) <= tol}
         assert above <= chosen, f"head {head}: missed {sorted(above - chosen)}"
-        assert chosen <= above | tied, f"head {head}: kept low scorers {sorted(chosen - above - tied)}"
+        assert chosen <= above | tied, (
+            f"head {head}: kept low scorers {sorted(chosen - above - tied)}"
+        )
         ref_top = set(scores.topk(budget - window).indices.tolist())
         exact += chosen == ref_top
     return exact
@@ -156,7 +164,9 @@ def test_snapkv_matches_reference(arch: str, attn: str) -> None:
     presses, cases = [], []
     for window, budget in SETTINGS:
         for pooling, kernel in KERNELS.items():
-            presses.append(SnapKVPress(budget=budget, window=window, kernel=kernel, pooling=pooling))
+            presses.append(
+                SnapKVPress(budget=budget, window=window, kernel=kernel, pooling=pooling)
+            )
             cases.append((window, budget, kernel, pooling))
     cache = DynamicCache(config=model.config)
     with compression_hooks(model, presses, apply=False) as recorder, torch.no_grad():
@@ -206,7 +216,9 @@ def test_engine_prefill_applies_reference_selection(arch: str) -> None:
     for kept, layer_idx in zip(result.kept, full_layers, strict=True):
         queries = reference_window_queries(model, layer_idx, hidden[layer_idx], window)
         full_keys = plain_cache.layers[layer_idx].keys[0]
-        ref = reference_snapkv(queries, full_keys, window, budget, kernel, "max", softmax_scale(model))
+        ref = reference_snapkv(
+            queries, full_keys, window, budget, kernel, "max", softmax_scale(model)
+        )
         assert_same_selection(kept.indices[0], ref, window, budget)
         stored = result.cache.layers[layer_idx]
         idx = kept.indices[0]  # [Hkv, n]

@@ -69,7 +69,7 @@ def tiny_config(arch: str, **overrides):
 
 
 def tiny_model(arch: str, attn: str = "sdpa", seed: int = 0, **overrides) -> torch.nn.Module:
-    """A randomly initialised ``arch`` model in eval mode with the given attention implementation."""
+    """A randomly initialised ``arch`` model in eval mode using attention ``attn``."""
     torch.manual_seed(seed)
     config = tiny_config(arch, **overrides)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
@@ -84,7 +84,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
 
 
-def tiny_engine(arch: str = "llama", attn: str = "sdpa", seed: int = 0, **overrides) -> RagSnapEngine:
+def tiny_engine(
+    arch: str = "llama", attn: str = "sdpa", seed: int = 0, **overrides
+) -> RagSnapEngine:
     """A :class:`RagSnapEngine` around a tiny random model (token ids in, no chat template)."""
     model = tiny_model(arch, attn, seed, **overrides)
     loaded = LoadedModel(

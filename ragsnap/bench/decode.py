@@ -32,7 +32,14 @@ logger = logging.getLogger(__name__)
 
 _SUBJECTS = ("The harbour", "A farmer", "The old mill", "Our neighbour", "The library", "A ferry")
 _VERBS = ("opened early", "stayed quiet", "looked busy", "was repainted", "needed repairs", "grew")
-_ENDINGS = ("on Monday.", "after the rain.", "in spring.", "before sunset.", "last year.", "at dawn.")
+_ENDINGS = (
+    "on Monday.",
+    "after the rain.",
+    "in spring.",
+    "before sunset.",
+    "last year.",
+    "at dawn.",
+)
 QUESTION = "Which places in the notes needed repairs, and when?"
 
 
@@ -51,13 +58,23 @@ class DecodeResult:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--context", required=True, metavar="N[,N...]",
-                        help="prompt lengths in tokens, e.g. 4096,8192")
-    parser.add_argument("--budget", type=int, default=512,
-                        help="tokens kept per KV head, window included; also the floor's prompt length")
+    parser.add_argument(
+        "--context",
+        required=True,
+        metavar="N[,N...]",
+        help="prompt lengths in tokens, e.g. 4096,8192",
+    )
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=512,
+        help="tokens kept per KV head, window included; also the floor's prompt length",
+    )
     parser.add_argument("--press", default="snapkv", help="the press to measure (default snapkv)")
     parser.add_argument("--window", type=int, help="observation window of the press")
-    parser.add_argument("--model", default="embedded", help="'embedded', a Hugging Face id or a path")
+    parser.add_argument(
+        "--model", default="embedded", help="'embedded', a Hugging Face id or a path"
+    )
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda...")
     parser.add_argument("--repeats", type=int, default=3, help="repetitions; medians are reported")
     parser.add_argument("--decode-tokens", type=int, default=32, help="decode steps timed per run")
@@ -69,8 +86,9 @@ def parse_contexts(text: str, budget: int) -> list[int]:
     try:
         contexts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError as exc:
-        raise ConfigError(f"--context must be integers separated by commas, got {text!r}",
-                          field="context") from exc
+        raise ConfigError(
+            f"--context must be integers separated by commas, got {text!r}", field="context"
+        ) from exc
     if not contexts:
         raise ConfigError("--context is empty", field="context")
     too_short = [n for n in contexts if n <= budget]
@@ -100,8 +118,9 @@ def prompt_of_length(engine: Any, length: int, seed: int = 0) -> list[int]:
     doc = Document(id="notes", title="Town notes", text=filler_document(length, seed))
     layout = assemble_prompt(engine.tokenizer, QUESTION, [doc], max_prompt_tokens=length)
     if layout.num_tokens != length:
-        raise ConfigError(f"cannot build a {length}-token prompt (got {layout.num_tokens})",
-                          field="context")
+        raise ConfigError(
+            f"cannot build a {length}-token prompt (got {layout.num_tokens})", field="context"
+        )
     return layout.input_ids
 
 
@@ -130,8 +149,9 @@ def timed_decode(engine: Any, prefills: list[Any], steps: int) -> list[float]:
     return [1000 * s / steps for s in seconds]
 
 
-def measure(engine: Any, press: Any, contexts: list[int], budget: int, repeats: int,
-            steps: int) -> list[DecodeResult]:
+def measure(
+    engine: Any, press: Any, contexts: list[int], budget: int, repeats: int, steps: int
+) -> list[DecodeResult]:
     """Interleaved repetitions over ``contexts``; medians per context."""
     from ragsnap.compression import FullPress
 
@@ -146,37 +166,45 @@ def measure(engine: Any, press: Any, contexts: list[int], budget: int, repeats: 
         for n in contexts:
             full, compressed = engine.prefill_many(prompts[n], [FullPress(), press])
             floor = engine.prefill(floor_prompt, FullPress())
-            ms_full, ms_compressed, ms_floor = timed_decode(engine, [full, compressed, floor], steps)
-            samples[n].append({
-                "prefill_s": full.prefill_s,
-                "compress_s": compressed.compress_s,
-                "decode_ms_full": ms_full,
-                "decode_ms_compressed": ms_compressed,
-                "decode_ms_floor": ms_floor,
-            })
+            ms_full, ms_compressed, ms_floor = timed_decode(
+                engine, [full, compressed, floor], steps
+            )
+            samples[n].append(
+                {
+                    "prefill_s": full.prefill_s,
+                    "compress_s": compressed.compress_s,
+                    "decode_ms_full": ms_full,
+                    "decode_ms_compressed": ms_compressed,
+                    "decode_ms_floor": ms_floor,
+                }
+            )
             bytes_seen[n] = (full.kv_bytes_kept, compressed.kv_bytes_kept)
             logger.info("context %d, repetition %d/%d: %s", n, rep + 1, repeats, samples[n][-1])
             del full, compressed, floor
     results = []
     for n in contexts:
         medians = {key: statistics.median(s[key] for s in samples[n]) for key in samples[n][0]}
-        results.append(DecodeResult(
-            context=n,
-            prefill_s=round(medians["prefill_s"], 4),
-            compress_s=round(medians["compress_s"], 5),
-            decode_ms_full=round(medians["decode_ms_full"], 3),
-            decode_ms_compressed=round(medians["decode_ms_compressed"], 3),
-            decode_ms_floor=round(medians["decode_ms_floor"], 3),
-            kv_bytes_full=bytes_seen[n][0],
-            kv_bytes_compressed=bytes_seen[n][1],
-        ))
+        results.append(
+            DecodeResult(
+                context=n,
+                prefill_s=round(medians["prefill_s"], 4),
+                compress_s=round(medians["compress_s"], 5),
+                decode_ms_full=round(medians["decode_ms_full"], 3),
+                decode_ms_compressed=round(medians["decode_ms_compressed"], 3),
+                decode_ms_floor=round(medians["decode_ms_floor"], 3),
+                kv_bytes_full=bytes_seen[n][0],
+                kv_bytes_compressed=bytes_seen[n][1],
+            )
+        )
     return results
 
 
 def format_table(report: dict[str, Any]) -> str:
-    header = (f"{'context':>8} {'prefill_s':>10} {'compress_s':>11} {'share':>6} {'full ms':>8} "
-              f"{'comp ms':>8} {'floor ms':>9} {'comp/floor':>10} {'comp/full':>9} {'KV MiB full':>12} "
-              f"{'KV MiB comp':>12}")
+    header = (
+        f"{'context':>8} {'prefill_s':>10} {'compress_s':>11} {'share':>6} {'full ms':>8} "
+        f"{'comp ms':>8} {'floor ms':>9} {'comp/floor':>10} {'comp/full':>9} {'KV MiB full':>12} "
+        f"{'KV MiB comp':>12}"
+    )
     lines = [f"model {report['model']} on {report['device']}, budget {report['budget']}", header]
     for r in report["results"]:
         lines.append(
@@ -200,14 +228,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--repeats and --decode-tokens must be at least 1", field="repeats")
     contexts = parse_contexts(args.context, args.budget)
     if args.press == "full":
-        raise ConfigError("--press full keeps everything: choose a compressing press", field="press")
+        raise ConfigError(
+            "--press full keeps everything: choose a compressing press", field="press"
+        )
     press = make_press(args.press, budget=args.budget, window=args.window)
     engine = RagSnapEngine.load(args.model, device=args.device)
     longest = max(contexts)
     if longest + args.decode_tokens > engine.loaded.context_length:
         raise ConfigError(
             f"--context {longest} plus {args.decode_tokens} decode tokens exceeds the model's "
-            f"context of {engine.loaded.context_length}", field="context",
+            f"context of {engine.loaded.context_length}",
+            field="context",
         )
     results = measure(engine, press, contexts, args.budget, args.repeats, args.decode_tokens)
     report = {

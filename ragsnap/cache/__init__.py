@@ -1,4 +1,4 @@
-"""The compressed-KV cache: stores (Redis, on-disk, none), serialization, keys, the cached prefill."""
+"""The compressed-KV cache: stores (Redis, on disk, none), serialization, keys, cached prefill."""
 
 from __future__ import annotations
 

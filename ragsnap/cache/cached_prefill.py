@@ -94,7 +94,9 @@ class CachedPrefill:
         return keys.model_identity(loaded.model_id, loaded.revision, dtype, loaded.device.type)
 
     def _storage_label(self) -> str | None:
-        return None if self.storage_dtype is None else str(self.storage_dtype).removeprefix("torch.")
+        return (
+            None if self.storage_dtype is None else str(self.storage_dtype).removeprefix("torch.")
+        )
 
     def entry_keys(
         self, layout: PromptLayout, press: Press, question: str, namespace: str | None
@@ -133,7 +135,7 @@ class CachedPrefill:
     def prefill(
         self, layout: PromptLayout, press: Press, question: str, namespace: str | None
     ) -> tuple[PrefillResult, CacheReport]:
-        """The prompt's compressed cache, from the store when possible. Never raises for the store."""
+        """The prompt's compressed cache, from the store when possible; store errors never raise."""
         report = CacheReport(status="miss")
         ckey, pkey = self.entry_keys(layout, press, question, namespace)
         loaded = self._load_compressed(ckey, report)
@@ -183,7 +185,9 @@ class CachedPrefill:
             logger.exception("cache write failed for %s; the answer goes on", key.digest[:12])
 
     def _drop(self, key: EntryKey, reason: Exception) -> None:
-        logger.warning("cache entry %s unusable (%s); deleting and recomputing", key.digest[:12], reason)
+        logger.warning(
+            "cache entry %s unusable (%s); deleting and recomputing", key.digest[:12], reason
+        )
         try:
             self.store.delete(key)
         except Exception as exc:
@@ -241,7 +245,13 @@ class CachedPrefill:
     # -- prefix hit and miss ----------------------------------------------------------
 
     def _compute(
-        self, layout: PromptLayout, press: Press, pkey: EntryKey, report: CacheReport, *, store: bool
+        self,
+        layout: PromptLayout,
+        press: Press,
+        pkey: EntryKey,
+        report: CacheReport,
+        *,
+        store: bool,
     ) -> PrefillResult:
         start = self.prefix_start(layout, press)
         if start <= 0:
@@ -267,7 +277,9 @@ class CachedPrefill:
                 )
         with torch.inference_mode():
             cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
-        return self.engine.prefill(layout.input_ids, press, cache=self._cache_from(cropped), start=start)
+        return self.engine.prefill(
+            layout.input_ids, press, cache=self._cache_from(cropped), start=start
+        )
 
     def _prefill_prefix(self, prefix_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Full KV of the document prefix, ``[1, Hkv, P, D]`` per layer (no compression)."""

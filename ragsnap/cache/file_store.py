@@ -34,7 +34,7 @@ _LOCK_STRIPES = 256  # entry locks are striped so lock files never pile up
 
 
 class FileKVStore(KVStore):
-    """Cache entries as files under ``root``, at most ``max_bytes`` in all (least recently used go first)."""
+    """Entries as files under ``root``, ``max_bytes`` at most (least recently used go first)."""
 
     scheme = "file"
 
@@ -109,7 +109,11 @@ class FileKVStore(KVStore):
         path = self._path(key)
         size = len(MAGIC) + DIGEST_BYTES + len(payload)
         if size > self.max_bytes:
-            logger.warning("file cache: entry of %d bytes exceeds the cap of %d; not stored", size, self.max_bytes)
+            logger.warning(
+                "file cache: entry of %d bytes exceeds the cap of %d; not stored",
+                size,
+                self.max_bytes,
+            )
             return False
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
         try:
@@ -136,9 +140,14 @@ class FileKVStore(KVStore):
             logger.warning("file cache: cannot delete %s: %s", key.digest, exc)
 
     def _entries(self, namespace: str | None = None) -> Iterator[tuple[Path, os.stat_result]]:
-        dirs = [self.root / namespace_label(namespace)] if namespace is not None else (
-            [d for d in self.root.iterdir() if d.is_dir() and d.name != ".locks"]
-            if self.root.is_dir() else []
+        dirs = (
+            [self.root / namespace_label(namespace)]
+            if namespace is not None
+            else (
+                [d for d in self.root.iterdir() if d.is_dir() and d.name != ".locks"]
+                if self.root.is_dir()
+                else []
+            )
         )
         for d in dirs:
             if not d.is_dir():

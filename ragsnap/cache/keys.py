@@ -38,7 +38,9 @@ def token_digest(token_ids: Sequence[int]) -> str:
 
 def canonical_digest(fields: dict[str, Any]) -> str:
     """sha256 hex of ``fields`` as canonical JSON (sorted keys, no spaces, UTF-8)."""
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    text = json.dumps(
+        fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+    )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

@@ -40,7 +40,9 @@ LOCK_TTL_S = 120.0
 _POLL_S = 0.05
 _OWN_OPTIONS = ("ttl", "chunk_bytes", "backoff", "max_backoff")
 # delete the lock only if it is still ours (it may have expired and been taken over)
-_RELEASE_LUA = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+_RELEASE_LUA = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+)
 T = TypeVar("T")
 
 
@@ -146,7 +148,11 @@ class RedisKVStore(KVStore):
             return None
         try:
             manifest = json.loads(raw)
-            count, size, digest = int(manifest["chunks"]), int(manifest["bytes"]), manifest["sha256"]
+            count, size, digest = (
+                int(manifest["chunks"]),
+                int(manifest["bytes"]),
+                manifest["sha256"],
+            )
         except (ValueError, KeyError, TypeError):
             logger.warning("redis cache: unreadable manifest for %s; deleting", base)
             self.delete(key)
@@ -179,8 +185,12 @@ class RedisKVStore(KVStore):
         def write(r: redis.Redis) -> None:
             pipe = r.pipeline(transaction=True)
             for i, name in enumerate(self._chunk_keys(key, count)):
-                pipe.set(name, view[i * self.chunk_bytes : (i + 1) * self.chunk_bytes], ex=self.ttl_s)
-            pipe.set(f"{base}:manifest", manifest, ex=self.ttl_s)  # last: readers see all or nothing
+                pipe.set(
+                    name, view[i * self.chunk_bytes : (i + 1) * self.chunk_bytes], ex=self.ttl_s
+                )
+            pipe.set(
+                f"{base}:manifest", manifest, ex=self.ttl_s
+            )  # last: readers see all or nothing
             pipe.execute()
 
         try:
@@ -212,8 +222,11 @@ class RedisKVStore(KVStore):
             logger.warning("redis cache: cannot delete %s: %s", base, exc)
 
     def _scan(self, namespace: str | None, suffix: str = "*") -> list[bytes]:
-        pattern = f"{KEY_ROOT}:{namespace_label(namespace)}:{suffix}" if namespace is not None \
+        pattern = (
+            f"{KEY_ROOT}:{namespace_label(namespace)}:{suffix}"
+            if namespace is not None
             else f"{KEY_ROOT}:{suffix}"
+        )
         return self._call(lambda r: list(r.scan_iter(match=pattern, count=1000)))
 
     def clear(self, namespace: str | None = None) -> int:
@@ -257,7 +270,11 @@ class RedisKVStore(KVStore):
             try:
                 while time.monotonic() < deadline:
                     held = bool(
-                        self._call(lambda r: r.set(f"{base}:lock", token, nx=True, px=int(LOCK_TTL_S * 1000)))
+                        self._call(
+                            lambda r: r.set(
+                                f"{base}:lock", token, nx=True, px=int(LOCK_TTL_S * 1000)
+                            )
+                        )
                     )
                     if held or self._call(lambda r: r.exists(f"{base}:manifest")):
                         break

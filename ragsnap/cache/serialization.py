@@ -72,7 +72,9 @@ def read_metadata(payload: bytes) -> dict[str, str]:
 
 def _check(meta: dict[str, str], kind: str, model_id: str, revision: str) -> None:
     if meta.get("format_version") != FORMAT_VERSION:
-        raise StaleEntry(f"format version {meta.get('format_version')!r}, expected {FORMAT_VERSION!r}")
+        raise StaleEntry(
+            f"format version {meta.get('format_version')!r}, expected {FORMAT_VERSION!r}"
+        )
     if meta.get("kind") != kind:
         raise StaleEntry(f"entry kind {meta.get('kind')!r}, expected {kind!r}")
     if meta.get("model_id") != model_id or meta.get("revision") != revision:
@@ -184,7 +186,10 @@ def deserialize_prefill(
             if i >= 0:
                 keys, values = layers[i]
             else:
-                keys, values = tensors[f"kk.{j}"].to(device, dtype), tensors[f"kv.{j}"].to(device, dtype)
+                keys, values = (
+                    tensors[f"kk.{j}"].to(device, dtype),
+                    tensors[f"kv.{j}"].to(device, dtype),
+                )
             bias, exact = tensors.get(f"bias.{j}"), tensors.get(f"exact.{j}")
             layer = CompressedLayer(
                 indices=tensors[f"idx.{j}"].to(device, torch.long),

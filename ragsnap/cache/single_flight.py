@@ -34,7 +34,9 @@ class KeyedLocks:
             self._locks[key] = (lock, users + 1)
         acquired = lock.acquire(timeout=wait_s)
         if not acquired:
-            logger.warning("waited %.0fs for another computation of the same entry; going ahead", wait_s)
+            logger.warning(
+                "waited %.0fs for another computation of the same entry; going ahead", wait_s
+            )
         try:
             yield acquired
         finally:

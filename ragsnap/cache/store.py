@@ -89,9 +89,9 @@ class KVStore(ABC):
 
     @abstractmethod
     def stats(self, namespace: str | None = None) -> dict[str, Any]:
-        """Backend, state (``ok``/``unavailable``), entries and bytes (of ``namespace`` when given)."""
+        """Backend, state (ok/unavailable), entries and bytes (of ``namespace`` when given)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - most stores hold nothing to release
         """Release connections and files."""
 
     @property
@@ -194,14 +194,17 @@ def open_store(url: str | None = None) -> KVStore:
         base, options = _query(url)
         path = base[len("file://") :] if base.lower().startswith("file://") else base[5:]
         if not path:
-            raise ConfigError("a file:// cache URL needs a directory: file:///path/to/dir", field="cache")
+            raise ConfigError(
+                "a file:// cache URL needs a directory: file:///path/to/dir", field="cache"
+            )
         max_bytes = options.get("max_bytes")
         return FileKVStore(
             Path(path).expanduser(),
             max_bytes=parse_size(max_bytes) if max_bytes else None,
         )
     raise ConfigError(
-        f"unsupported cache URL scheme {scheme!r} (use redis://, rediss://, unix://, file:// or none)",
+        f"unsupported cache URL scheme {scheme!r} "
+        "(use redis://, rediss://, unix://, file:// or none)",
         field="cache",
     )
 

@@ -11,11 +11,15 @@ from ragsnap.cli.options import add_cache_options, open_store_from_args
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("cache", help="inspect or clear the compressed-KV cache")
     actions = parser.add_subparsers(dest="cache_action", required=True)
-    stats = actions.add_parser("stats", help="entries and bytes held (of one namespace with --namespace)")
+    stats = actions.add_parser(
+        "stats", help="entries and bytes held (of one namespace with --namespace)"
+    )
     add_cache_options(stats, prefix_flag=False)
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.set_defaults(handler=run_stats, namespace=None)
-    clear = actions.add_parser("clear", help="delete cached entries (of one namespace with --namespace)")
+    clear = actions.add_parser(
+        "clear", help="delete cached entries (of one namespace with --namespace)"
+    )
     add_cache_options(clear, prefix_flag=False)
     clear.set_defaults(handler=run_clear, namespace=None)
 

@@ -13,7 +13,9 @@ def _ints(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from exc
 
 
 def _floats(text: str) -> list[float]:
@@ -31,39 +33,72 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ragsnap.compression import PRESSES
 
     parser = subparsers.add_parser(
-        "eval", help="evaluate presses and budgets on a data set (BioASQ, JSONL, HotpotQA, needles)",
+        "eval",
+        help="evaluate presses and budgets on a data set (BioASQ, JSONL, HotpotQA, needles)",
         description="Run a data set through ragsnap with several presses and budgets (the full "
         "cache is always the reference), score answers, citations and fidelity to the full "
         "cache, and write metrics.json, predictions.jsonl, report.md and plots to --out. "
         "Rerunning with the same --out skips finished items.",
     )
-    parser.add_argument("--data", type=Path, help="data file or folder (not needed for --format niah)")
-    parser.add_argument("--format", choices=("bioasq", "jsonl", "hotpotqa", "niah"),
-                        help="data format (guessed from --data when omitted)")
-    parser.add_argument("--press", type=_names, default=["full", "snapkv"],
-                        help=f"comma-separated presses (from: {', '.join(PRESSES)}); full is always run")
-    parser.add_argument("--budget", type=_ints, default=[128, 256, 512],
-                        help="comma-separated budgets, tokens kept per KV head (default 128,256,512)")
+    parser.add_argument(
+        "--data", type=Path, help="data file or folder (not needed for --format niah)"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("bioasq", "jsonl", "hotpotqa", "niah"),
+        help="data format (guessed from --data when omitted)",
+    )
+    parser.add_argument(
+        "--press",
+        type=_names,
+        default=["full", "snapkv"],
+        help=f"comma-separated presses (from: {', '.join(PRESSES)}); full is always run",
+    )
+    parser.add_argument(
+        "--budget",
+        type=_ints,
+        default=[128, 256, 512],
+        help="comma-separated budgets, tokens kept per KV head (default 128,256,512)",
+    )
     parser.add_argument("--limit", type=int, help="evaluate the first N items")
-    parser.add_argument("--seed", type=int, default=0, help="seed for shuffling, padding and needles")
-    parser.add_argument("--max-new-tokens", type=int, help="answer length cap (default 64; 16 for niah)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed for shuffling, padding and needles"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, help="answer length cap (default 64; 16 for niah)"
+    )
     parser.add_argument("--out", type=Path, required=True, help="output folder (resumable)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     group = parser.add_argument_group("bioasq / jsonl / hotpotqa")
-    group.add_argument("--context-tokens", type=int,
-                       help="BioASQ: pad the documents with other questions' passages to about N tokens")
-    group.add_argument("--types", type=_names,
-                       help="keep only these item types, e.g. factoid or yesno,list")
+    group.add_argument(
+        "--context-tokens",
+        type=int,
+        help="BioASQ: pad the documents with other questions' passages to about N tokens",
+    )
+    group.add_argument(
+        "--types", type=_names, help="keep only these item types, e.g. factoid or yesno,list"
+    )
     group = parser.add_argument_group("needle in a haystack (--format niah)")
     group.add_argument("--haystack", type=Path, help="folder of .txt filler files")
-    group.add_argument("--lengths", type=_ints, default=[1000, 2000, 4000], help="prompt lengths in tokens")
-    group.add_argument("--depths", type=_floats, default=[0, 25, 50, 75, 100],
-                       help="needle depths in percent of the haystack")
+    group.add_argument(
+        "--lengths", type=_ints, default=[1000, 2000, 4000], help="prompt lengths in tokens"
+    )
+    group.add_argument(
+        "--depths",
+        type=_floats,
+        default=[0, 25, 50, 75, 100],
+        help="needle depths in percent of the haystack",
+    )
     group.add_argument("--samples", type=int, default=1, help="needles per length x depth")
-    group.add_argument("--needles", type=Path, help="JSONL of {key, value} needles (default: generated)")
-    group.add_argument("--no-answer-prefix", action="store_true",
-                       help="do not pre-fill 'The special magic number for X ... is'")
+    group.add_argument(
+        "--needles", type=Path, help="JSONL of {key, value} needles (default: generated)"
+    )
+    group.add_argument(
+        "--no-answer-prefix",
+        action="store_true",
+        help="do not pre-fill 'The special magic number for X ... is'",
+    )
     add_model_options(parser)
     parser.set_defaults(handler=run)
 
@@ -72,26 +107,41 @@ def run(args: argparse.Namespace) -> int:
     from ragsnap.engine import RagSnapEngine
     from ragsnap.eval.evaluate import EvalRequest, evaluate
 
-    if args.limit is not None and args.limit < 1:
-        raise ConfigError("--limit must be at least 1", field="limit")
-    if args.samples < 1:
-        raise ConfigError("--samples must be at least 1", field="samples")
     request = EvalRequest(
-        out=args.out, data=args.data, format=args.format, presses=args.press, budgets=args.budget,
-        limit=args.limit, seed=args.seed, max_new_tokens=args.max_new_tokens,
-        context_tokens=args.context_tokens, types=args.types, haystack=args.haystack,
-        lengths=args.lengths, depths=args.depths, samples=args.samples, needles=args.needles,
-        answer_prefix=not args.no_answer_prefix, plots=not args.no_plots,
+        out=args.out,
+        data=args.data,
+        format=args.format,
+        presses=args.press,
+        budgets=args.budget,
+        limit=args.limit,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        context_tokens=args.context_tokens,
+        types=args.types,
+        haystack=args.haystack,
+        lengths=args.lengths,
+        depths=args.depths,
+        samples=args.samples,
+        needles=args.needles,
+        answer_prefix=not args.no_answer_prefix,
+        plots=not args.no_plots,
         progress=not args.no_progress,
     )
+    request.validate()  # bad input fails before the model loads
     engine = RagSnapEngine.load(args.model, device=args.device)
     result = evaluate(engine, request)
-    print(f"evaluated {result.evaluated} items ({result.resumed} already done, "
-          f"{result.malformed} malformed skipped) -> {result.out}")
+    print(
+        f"evaluated {result.evaluated} items ({result.resumed} already done, "
+        f"{result.malformed} malformed skipped) -> {result.out}"
+    )
     for run_ in result.runs:
         m = run_["metrics"]
-        head = next((k for k in ("needle_accuracy", "accuracy", "list_f1", "rouge_l") if k in m), None)
+        head = next(
+            (k for k in ("needle_accuracy", "accuracy", "list_f1", "rouge_l") if k in m), None
+        )
         score = f"{head} {m[head]:.3f}, " if head else ""
-        print(f"  {run_['press']:>12} budget {str(run_['budget'] or 'all'):>5}  n={run_['n']:<4} "
-              f"{score}agreement {m.get('agreement', 0):.3f}, KL {m.get('kl', 0):.4f}")
+        print(
+            f"  {run_['press']:>12} budget {str(run_['budget'] or 'all'):>5}  n={run_['n']:<4} "
+            f"{score}agreement {m.get('agreement', 0):.3f}, KL {m.get('kl', 0):.4f}"
+        )
     return 0

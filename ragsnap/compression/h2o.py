@@ -23,6 +23,16 @@ class H2OPress(ScorerPress):
 
     def score(self, layer: LayerContext) -> torch.Tensor:
         seq_len = layer.seq_len
+        # the accumulated attention does not depend on the budget: several H2O presses
+        # scoring the same layer (one prefill, several budgets) compute it once
+        memo = f"h2o-totals:{self.chunk}"
+        if memo not in layer._memo:
+            layer._memo[memo] = self._totals(layer)
+        return layer._memo[memo][..., : seq_len - min(self.window, seq_len)]
+
+    def _totals(self, layer: LayerContext) -> torch.Tensor:
+        """Attention received by every key, summed over the queries: ``[B, Hkv, L]``."""
+        seq_len = layer.seq_len
         queries = layer.queries().float()  # [B, Hq, q, D]
         batch, _, n_queries, dim = queries.shape
         grouped = queries.view(batch, layer.num_kv_heads, layer.group_size, n_queries, dim)
@@ -36,4 +46,4 @@ class H2OPress(ScorerPress):
             query_pos = offset + torch.arange(start, start + block.shape[-2], device=keys.device)
             logits.masked_fill_(positions[None, :] > query_pos[:, None], float("-inf"))
             totals += logits.softmax(dim=-1).sum(dim=-2).mean(dim=2)
-        return totals[..., : seq_len - min(self.window, seq_len)]
+        return totals

@@ -11,16 +11,41 @@ from ragsnap.eval.metrics import macro_f1
 
 # mean over the records that have a value (None = not applicable to that item)
 MEAN_SCORES = (
-    "accuracy", "yesno_accuracy", "factoid_strict", "factoid_lenient", "factoid_mrr",
-    "list_precision", "list_recall", "list_f1", "rouge_l", "needle_accuracy", "needle_partial",
-    "agreement", "kl", "nll_gap", "citation_precision", "citation_recall", "gold_kept_share",
+    "accuracy",
+    "yesno_accuracy",
+    "factoid_strict",
+    "factoid_lenient",
+    "factoid_mrr",
+    "list_precision",
+    "list_recall",
+    "list_f1",
+    "rouge_l",
+    "needle_accuracy",
+    "needle_partial",
+    "agreement",
+    "kl",
+    "nll_gap",
+    "citation_precision",
+    "citation_recall",
+    "gold_kept_share",
     "needle_kept_share",
 )
 # higher is better and the full cache is the reference: retention = metric / full metric
 RETAINED = (
-    "accuracy", "yesno_accuracy", "yesno_macro_f1", "factoid_strict", "factoid_lenient",
-    "factoid_mrr", "list_precision", "list_recall", "list_f1", "rouge_l", "needle_accuracy",
-    "needle_partial", "citation_precision", "citation_recall",
+    "accuracy",
+    "yesno_accuracy",
+    "yesno_macro_f1",
+    "factoid_strict",
+    "factoid_lenient",
+    "factoid_mrr",
+    "list_precision",
+    "list_recall",
+    "list_f1",
+    "rouge_l",
+    "needle_accuracy",
+    "needle_partial",
+    "citation_precision",
+    "citation_recall",
 )
 TIMINGS = ("prefill_s", "compress_s", "decode_s", "decode_ms_per_token", "fidelity_s")
 
@@ -39,8 +64,12 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             metrics[key] = value
     yesno = [r["scores"] for r in records if r["type"] == "yesno"]
     if yesno:
-        metrics["yesno_macro_f1"] = round(macro_f1([s["yesno_gold"] for s in yesno],
-                                                   [s["yesno_pred"] for s in yesno], ("yes", "no")), 6)
+        metrics["yesno_macro_f1"] = round(
+            macro_f1(
+                [s["yesno_gold"] for s in yesno], [s["yesno_pred"] for s in yesno], ("yes", "no")
+            ),
+            6,
+        )
     needles = [r for r in records if r["type"] == "needle"]
     for axis in ("length", "depth"):
         groups: dict[Any, list[float]] = defaultdict(list)
@@ -49,8 +78,11 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 groups[r["meta"][axis]].append(r["scores"]["needle_accuracy"])
         for value, scores in sorted(groups.items()):
             metrics[f"needle_accuracy_{axis}{value:g}"] = round(fmean(scores), 6)
-    kv = [r["stats"]["kv_bytes_kept"] / r["stats"]["kv_bytes_full"]
-          for r in records if r["stats"].get("kv_bytes_full")]
+    kv = [
+        r["stats"]["kv_bytes_kept"] / r["stats"]["kv_bytes_full"]
+        for r in records
+        if r["stats"].get("kv_bytes_full")
+    ]
     if kv:
         metrics["kv_kept_share"] = round(fmean(kv), 6)
     metrics["prompt_tokens"] = round(fmean(r["prompt_tokens"] for r in records), 1)
@@ -68,7 +100,9 @@ def timings(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def build_runs(records: Sequence[dict[str, Any]], points: Sequence[tuple[str, int | None]]) -> list[dict[str, Any]]:
+def build_runs(
+    records: Sequence[dict[str, Any]], points: Sequence[tuple[str, int | None]]
+) -> list[dict[str, Any]]:
     """One run per (press, budget) in ``points`` order that has records.
 
     Retention divides each score by the full cache's score over the same items (None when
@@ -86,24 +120,39 @@ def build_runs(records: Sequence[dict[str, Any]], points: Sequence[tuple[str, in
         if not group:
             continue
         metrics = summarize(group)
-        reference = summarize([full_by_item[r["item_id"]] for r in group if r["item_id"] in full_by_item]) \
-            if any(r["item_id"] in full_by_item for r in group) else {}
+        reference = (
+            summarize([full_by_item[r["item_id"]] for r in group if r["item_id"] in full_by_item])
+            if any(r["item_id"] in full_by_item for r in group)
+            else {}
+        )
         retention = {}
         for key in RETAINED:
             if key in metrics:
                 base = reference.get(key)
                 retention[key] = round(metrics[key] / base, 6) if base else None
-        runs.append({"press": press, "budget": budget, "n": len(group), "metrics": metrics,
-                     "retention": retention, "timings": timings(group)})
+        runs.append(
+            {
+                "press": press,
+                "budget": budget,
+                "n": len(group),
+                "metrics": metrics,
+                "retention": retention,
+                "timings": timings(group),
+            }
+        )
     return runs
 
 
-def needle_grid(records: Sequence[dict[str, Any]]) -> dict[tuple[str, int | None], dict[tuple[int, float], float]]:
+def needle_grid(
+    records: Sequence[dict[str, Any]],
+) -> dict[tuple[str, int | None], dict[tuple[int, float], float]]:
     """Needle accuracy per (press, budget) and (length, depth) cell."""
     cells: dict[tuple[str, int | None], dict[tuple[int, float], list[float]]] = defaultdict(
-        lambda: defaultdict(list))
+        lambda: defaultdict(list)
+    )
     for r in records:
         if r["type"] == "needle" and "length" in r["meta"]:
             cells[(r["press"], r.get("budget"))][(r["meta"]["length"], r["meta"]["depth"])].append(
-                r["scores"]["needle_accuracy"])
+                r["scores"]["needle_accuracy"]
+            )
     return {point: {cell: fmean(v) for cell, v in grid.items()} for point, grid in cells.items()}

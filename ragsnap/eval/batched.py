@@ -50,7 +50,9 @@ def _call(engine: Any, tokens: torch.Tensor, cache: Any, start: int, keep: int) 
     return out.logits
 
 
-def teacher_force_batch(engine: Any, stacked: Any, start: int, tokens: Sequence[int]) -> torch.Tensor:
+def teacher_force_batch(
+    engine: Any, stacked: Any, start: int, tokens: Sequence[int]
+) -> torch.Tensor:
     """Log-probs ``[k, n, V]`` of every row along ``tokens`` (on a copy of ``stacked``)."""
     batch = stacked.layers[0].keys.shape[0]
     ids = torch.tensor([list(tokens)], dtype=torch.long).expand(batch, -1)
@@ -61,8 +63,13 @@ def teacher_force_batch(engine: Any, stacked: Any, start: int, tokens: Sequence[
         # layers of different lengths (PyramidKV): transformers builds one causal mask for
         # all layers, which only fits a multi-token step when every layer has the same
         # length, so feed one token per step (as decoding does)
-        logits = torch.cat([_call(engine, ids[:, j : j + 1], cache, start + j, keep=1)
-                            for j in range(ids.shape[1])], dim=1)
+        logits = torch.cat(
+            [
+                _call(engine, ids[:, j : j + 1], cache, start + j, keep=1)
+                for j in range(ids.shape[1])
+            ],
+            dim=1,
+        )
     return torch.log_softmax(logits.float(), dim=-1).cpu()
 
 
@@ -94,12 +101,16 @@ def decode_batch(
                 done[row] = True
                 continue
             answers[row].append(int(token))
-            if len(answers[row]) >= generation.max_new_tokens or (should_stop and should_stop(answers[row])):
+            if len(answers[row]) >= generation.max_new_tokens or (
+                should_stop and should_stop(answers[row])
+            ):
                 done[row] = True
         if all(done):
             break
         started = time.perf_counter()
-        logits = _call(engine, torch.tensor(chosen, dtype=torch.long).unsqueeze(1), stacked, position, keep=1)[:, -1]
+        logits = _call(
+            engine, torch.tensor(chosen, dtype=torch.long).unsqueeze(1), stacked, position, keep=1
+        )[:, -1]
         seconds += time.perf_counter() - started
         steps += 1
         position += 1

@@ -104,7 +104,7 @@ def load_bioasq(
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"cannot read BioASQ file {path}: {exc}", field="data") from exc
         if not isinstance(data, dict) or not isinstance(data.get("questions"), list):
-            raise InputError(f"{path}: expected {{\"questions\": [...]}}", field="data")
+            raise InputError(f'{path}: expected {{"questions": [...]}}', field="data")
         for i, q in enumerate(data["questions"]):
             questions.append((f"{path.name}#{i}", q))
     pool: list[tuple[str, str, str]] = []  # (owner question id, pmid, passage) for padding
@@ -136,11 +136,15 @@ def load_bioasq(
         except ValueError as exc:
             malformed.append(Malformed(f"{where} ({q['id']})", str(exc)))
             continue
-        gold = list(dict.fromkeys([pubmed_id(d) for d in q.get("documents") or []] + list(passages)))
+        gold = list(
+            dict.fromkeys([pubmed_id(d) for d in q.get("documents") or []] + list(passages))
+        )
         documents = [Document(id=pmid, title=pmid, text=text) for pmid, text in passages.items()]
         rng = random.Random(_item_seed(seed, q["id"]))
         if context_tokens and count_tokens is not None:
-            documents += _padding(q["id"], set(gold), documents, pool, context_tokens, count_tokens, rng)
+            documents += _padding(
+                q["id"], set(gold), documents, pool, context_tokens, count_tokens, rng
+            )
         rng.shuffle(documents)
         items.append(
             EvalItem(

@@ -44,10 +44,19 @@ def jsonl_item(record: Any) -> EvalItem:
         raise ValueError("needs a non-empty 'documents' list")
     documents = []
     for i, doc in enumerate(raw_docs):
-        if not isinstance(doc, dict) or not isinstance(doc.get("text"), str) or not doc["text"].strip():
+        if (
+            not isinstance(doc, dict)
+            or not isinstance(doc.get("text"), str)
+            or not doc["text"].strip()
+        ):
             raise ValueError(f"document {i} needs a non-empty 'text'")
-        documents.append(Document(id=str(doc.get("id", i + 1)), title=str(doc.get("title", "")),
-                                  text=doc["text"].strip()))
+        documents.append(
+            Document(
+                id=str(doc.get("id", i + 1)),
+                title=str(doc.get("title", "")),
+                text=doc["text"].strip(),
+            )
+        )
     if len({d.id for d in documents}) != len(documents):
         raise ValueError("duplicate document ids")
     raw_answers = record.get("answers")
@@ -110,12 +119,22 @@ def hotpotqa_item(record: Any, seed: int) -> EvalItem:
         if isinstance(entry, list) and len(entry) >= 2 and isinstance(entry[1], list):
             title = str(entry[0])
             if title not in {d.id for d in documents}:
-                documents.append(Document(id=title, title=title, text="".join(map(str, entry[1])).strip()))
+                documents.append(
+                    Document(id=title, title=title, text="".join(map(str, entry[1])).strip())
+                )
     documents = [d for d in documents if d.text]
-    rng = random.Random(int.from_bytes(hashlib.sha256(f"{seed}:{item_id}".encode()).digest()[:8], "big"))
+    rng = random.Random(
+        int.from_bytes(hashlib.sha256(f"{seed}:{item_id}".encode()).digest()[:8], "big")
+    )
     rng.shuffle(documents)
-    return EvalItem(id=item_id, question=question.strip(), documents=documents, type="short",
-                    answers=[answer.strip()], gold_doc_ids=gold)
+    return EvalItem(
+        id=item_id,
+        question=question.strip(),
+        documents=documents,
+        type="short",
+        answers=[answer.strip()],
+        gold_doc_ids=gold,
+    )
 
 
 def load_hotpotqa(path: Path, seed: int = 0) -> LoadedItems:
@@ -169,23 +188,34 @@ def load_items(
     if fmt == "bioasq":
         from ragsnap.eval.bioasq import load_bioasq
 
-        loaded = load_bioasq(_files(path, "*.json"), seed=seed, context_tokens=context_tokens,
-                             count_tokens=count_tokens, types=types)
+        loaded = load_bioasq(
+            _files(path, "*.json"),
+            seed=seed,
+            context_tokens=context_tokens,
+            count_tokens=count_tokens,
+            types=types,
+        )
     elif fmt == "jsonl":
-        loaded = load_jsonl(_files(path, "*.jsonl")[0]) if path.is_file() else _merge(
-            [load_jsonl(p) for p in _files(path, "*.jsonl")])
+        loaded = (
+            load_jsonl(_files(path, "*.jsonl")[0])
+            if path.is_file()
+            else _merge([load_jsonl(p) for p in _files(path, "*.jsonl")])
+        )
     elif fmt == "hotpotqa":
         loaded = _merge([load_hotpotqa(p, seed) for p in _files(path, "*.json")])
     else:
-        raise InputError(f"unknown format {fmt!r} (choose from: {', '.join(FORMATS)})", field="format")
+        raise InputError(
+            f"unknown format {fmt!r} (choose from: {', '.join(FORMATS)})", field="format"
+        )
     if types is not None and fmt != "bioasq":
         loaded.items = [i for i in loaded.items if i.type in types]
     return loaded
 
 
 def _merge(parts: list[LoadedItems]) -> LoadedItems:
-    return LoadedItems(items=[i for p in parts for i in p.items],
-                       malformed=[m for p in parts for m in p.malformed])
+    return LoadedItems(
+        items=[i for p in parts for i in p.items], malformed=[m for p in parts for m in p.malformed]
+    )
 
 
 def guess_format(path: Path) -> str:

@@ -59,6 +59,40 @@ class EvalRequest:
             return "niah"
         return guess_format(self.data) if self.data is not None else "bioasq"
 
+    def validate(self) -> None:
+        """Raise InputError / ConfigError for a request that cannot run (before any model work)."""
+        from ragsnap.errors import ConfigError, InputError
+        from ragsnap.eval.items import ITEM_TYPES
+
+        fmt = self.resolved_format
+        if fmt == "niah":
+            if self.haystack is None or not self.haystack.is_dir():
+                raise InputError(
+                    "--format niah needs --haystack DIR (a folder of .txt files)", field="haystack"
+                )
+            if self.needles is not None and not self.needles.is_file():
+                raise InputError(f"needles file not found: {self.needles}", field="needles")
+            if not self.lengths or min(self.lengths) < 1:
+                raise ConfigError("--lengths must be positive token counts", field="lengths")
+        elif self.data is None or not self.data.exists():
+            raise InputError(
+                f"--data not found: {self.data}"
+                if self.data
+                else f"--format {fmt} needs --data PATH",
+                field="data",
+            )
+        unknown = sorted(set(self.types or ()) - set(ITEM_TYPES))
+        if unknown:
+            raise ConfigError(
+                f"unknown --types {', '.join(unknown)} (choose from: {', '.join(ITEM_TYPES)})",
+                field="types",
+            )
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError("--limit must be at least 1", field="limit")
+        if self.samples < 1:
+            raise ConfigError("--samples must be at least 1", field="samples")
+        press_grid(self.presses, self.budgets)  # unknown presses, bad budgets
+
     def generation(self) -> GenerationConfig:
         tokens = self.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(self.resolved_format, 64)
         return GenerationConfig(max_new_tokens=tokens, temperature=0.0)
@@ -66,12 +100,18 @@ class EvalRequest:
     def settings(self, model_id: str) -> dict[str, Any]:
         """What the stored predictions depend on (a rerun must match these)."""
         fmt = self.resolved_format
-        keys = ["seed", "context_tokens", "types"] if fmt != "niah" else [
-            "seed", "lengths", "depths", "samples", "answer_prefix"]
+        # needle ids name their length, depth and sample, so those may grow between runs
+        keys = ["seed", "context_tokens", "types"] if fmt != "niah" else ["seed", "answer_prefix"]
         values = {k: v for k, v in asdict(self).items() if k in keys}
         source = self.haystack if fmt == "niah" else self.data
-        return {"model": model_id, "format": fmt, "data": str(source), "needles": str(self.needles),
-                "max_new_tokens": self.generation().max_new_tokens, **values}
+        return {
+            "model": model_id,
+            "format": fmt,
+            "data": str(source),
+            "needles": str(self.needles),
+            "max_new_tokens": self.generation().max_new_tokens,
+            **values,
+        }
 
 
 @dataclass
@@ -93,22 +133,36 @@ def load_request_items(engine: Any, request: EvalRequest) -> LoadedItems:
 
         if request.haystack is None:
             raise InputError("--format niah needs --haystack DIR", field="haystack")
-        return build_needles(request.haystack, tokenizer, lengths=request.lengths,
-                             depths=request.depths, samples=request.samples, seed=request.seed,
-                             needles_file=request.needles, answer_prefix=request.answer_prefix)
+        return build_needles(
+            request.haystack,
+            tokenizer,
+            lengths=request.lengths,
+            depths=request.depths,
+            samples=request.samples,
+            seed=request.seed,
+            needles_file=request.needles,
+            answer_prefix=request.answer_prefix,
+        )
 
     @cache
     def count_tokens(text: str) -> int:
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     types = tuple(request.types) if request.types else None
-    return load_items(fmt, request.data, seed=request.seed, context_tokens=request.context_tokens,
-                      count_tokens=count_tokens, types=types)
+    return load_items(
+        fmt,
+        request.data,
+        seed=request.seed,
+        context_tokens=request.context_tokens,
+        count_tokens=count_tokens,
+        types=types,
+    )
 
 
 def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
     """Run ``request`` with ``engine`` and write metrics.json, predictions.jsonl, report.md,
     malformed.json and the plots into ``request.out``."""
+    request.validate()
     out = output_dir(request.out)
     grid = press_grid(request.presses, request.budgets)
     check_settings(out, request.settings(engine.loaded.model_id))
@@ -116,8 +170,9 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
     items = loaded.items[: request.limit] if request.limit else loaded.items
     store = PredictionStore(out)
     fmt = request.resolved_format
-    outcome = run_items(engine, items, grid, store, request.generation(), dataset=fmt,
-                        progress=request.progress)
+    outcome = run_items(
+        engine, items, grid, store, request.generation(), dataset=fmt, progress=request.progress
+    )
     malformed = loaded.malformed + outcome.malformed
     records = select_records(store.records(), items, grid)
     runs = build_runs(records, [(g.press, g.budget) for g in grid])
@@ -142,5 +197,11 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
         header["limit"] = request.limit
     files.append(write_report(out, runs, records, header, malformed, plots))
     files += [out / "predictions.jsonl"] + [out / p for p in plots]
-    return EvalResult(out=out, runs=runs, evaluated=outcome.evaluated, resumed=outcome.resumed,
-                      malformed=len(malformed), files=files)
+    return EvalResult(
+        out=out,
+        runs=runs,
+        evaluated=outcome.evaluated,
+        resumed=outcome.resumed,
+        malformed=len(malformed),
+        files=files,
+    )

@@ -44,24 +44,36 @@ def _mean_nll(log_probs: torch.Tensor, targets: torch.Tensor) -> float:
     return float(-log_probs.gather(1, targets.unsqueeze(1)).mean())
 
 
-def teacher_forced_log_probs(engine: Any, cache: Any, start: int, tokens: Sequence[int]) -> torch.Tensor:
+def teacher_forced_log_probs(
+    engine: Any, cache: Any, start: int, tokens: Sequence[int], bias: Any = None
+) -> torch.Tensor:
     """Feed ``tokens`` at positions ``start..`` on a copy of ``cache``: log-probs ``[n, V]``.
 
     ``cache`` itself is left as it was (the copy shares its tensors and appends to its own
-    layers), so one prefill serves several teacher-forced passes and decodes.
+    layers), so one prefill serves several teacher-forced passes and decodes. ``bias`` is
+    the prefill's per-kept-key logit bias (layer -> ``[1, Hkv, n]``), for presses that
+    re-weight kept keys; it goes through the engine's own forward.
     """
+    extra = {"bias": bias} if bias else {}
     if not tokens:
         return torch.empty(0, 0)
     copy = derive_cache(cache)
     if len({layer.keys.shape[-2] for layer in cache.layers}) == 1:
-        logits = engine.forward_logits(list(tokens), copy, start, keep=0)  # [1, n, V]
+        logits = engine.forward_logits(list(tokens), copy, start, keep=0, **extra)  # [1, n, V]
     else:  # layers of different lengths: one token per step (see batched.teacher_force_batch)
-        logits = torch.cat([engine.forward_logits([t], copy, start + j, keep=1)
-                            for j, t in enumerate(tokens)], dim=1)
+        logits = torch.cat(
+            [
+                engine.forward_logits([t], copy, start + j, keep=1, **extra)
+                for j, t in enumerate(tokens)
+            ],
+            dim=1,
+        )
     return torch.log_softmax(logits[0].float(), dim=-1).cpu()
 
 
-def full_reference(engine: Any, full_cache: Any, start: int, answer_tokens: Sequence[int]) -> Reference:
+def full_reference(
+    engine: Any, full_cache: Any, start: int, answer_tokens: Sequence[int]
+) -> Reference:
     """Teacher-force the full cache along its own answer (``answer_tokens``, no stop token)."""
     tokens = list(answer_tokens)
     log_probs = teacher_forced_log_probs(engine, full_cache, start, tokens)
@@ -71,7 +83,9 @@ def full_reference(engine: Any, full_cache: Any, start: int, answer_tokens: Sequ
     return Reference(tokens, log_probs, targets)
 
 
-def fidelity(engine: Any, cache: Any, start: int, reference: Reference) -> dict[str, float | int]:
+def fidelity(
+    engine: Any, cache: Any, start: int, reference: Reference, bias: Any = None
+) -> dict[str, float | int]:
     """KL(full || compressed) and the NLL increase along the full-cache answer.
 
     Returns ``{"kl", "nll_gap", "fidelity_tokens"}`` (means over positions, nats; zeros when
@@ -79,7 +93,8 @@ def fidelity(engine: Any, cache: Any, start: int, reference: Reference) -> dict[
     """
     if not reference.tokens:
         return compare(torch.empty(0, 0), reference)
-    return compare(teacher_forced_log_probs(engine, cache, start, reference.tokens), reference)
+    log_probs = teacher_forced_log_probs(engine, cache, start, reference.tokens, bias)
+    return compare(log_probs, reference)
 
 
 def compare(compressed: torch.Tensor, reference: Reference) -> dict[str, float | int]:

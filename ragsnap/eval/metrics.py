@@ -17,7 +17,8 @@ from typing import Any
 _CITATION = re.compile(r"\[\d{1,4}(?:\s*,\s*\d{1,4})*\]")
 _ARTICLES = {"a", "an", "the"}
 # candidate separators for factoid / list answers: new lines, bullets, ; , and "or"/"and"
-_SPLIT = re.compile(r"\n+|;|,|\s+(?:or|and)\s+|(?:^|\s)[-*\u2022]\s+|\.\s+", re.IGNORECASE)
+_SPLIT = re.compile(r"\n+|;|,|\s+(?:or|and)\s+|\s[-*\u2022]\s+|\.\s+", re.IGNORECASE)
+_BULLET = re.compile(r"^(?:[-*\u2022]|\d{1,2}[.)])\s+")
 _DIGITS = re.compile(r"\d+")
 MAX_FACTOID_CANDIDATES = 5  # BioASQ lets a system rank up to five entities
 
@@ -53,7 +54,7 @@ def contains_any(text: str, synonyms: Iterable[str]) -> bool:
 def split_candidates(answer: str) -> list[str]:
     """Ranked answer candidates: the answer split at new lines, bullets, ``;``, ``,``,
     sentence ends and ``or``/``and``; empty pieces dropped."""
-    pieces = [p.strip() for p in _SPLIT.split(_CITATION.sub(" ", answer))]
+    pieces = [_BULLET.sub("", p.strip()).strip() for p in _SPLIT.split(_CITATION.sub(" ", answer))]
     return [p for p in pieces if normalize(p)]
 
 
@@ -180,8 +181,9 @@ def kept_share(keep_rate: Sequence[float], spans: Sequence[tuple[int, int]]) -> 
     return sum(float(sum(keep_rate[s:e])) for s, e in spans) / total
 
 
-def score_answer(item_type: str, answer: str, answers: Sequence[str],
-                 groups: Sequence[Sequence[str]] = ()) -> dict[str, Any]:
+def score_answer(
+    item_type: str, answer: str, answers: Sequence[str], groups: Sequence[Sequence[str]] = ()
+) -> dict[str, Any]:
     """Every correctness score that applies to an item of ``item_type``.
 
     ``accuracy`` is the headline: yes/no label right, gold answer found (factoid: anywhere

@@ -27,13 +27,48 @@ NEEDLE = "One of the special magic numbers for {key} is: {value}."
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
 ANSWER_PREFIX = "The special magic number for {key} mentioned in the provided text is"
 _ADJECTIVES = (
-    "amber", "brave", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly",
-    "keen", "lively", "misty", "noble", "odd", "proud", "quiet", "rapid", "silent", "tidy",
+    "amber",
+    "brave",
+    "calm",
+    "dusty",
+    "eager",
+    "faint",
+    "gentle",
+    "hollow",
+    "icy",
+    "jolly",
+    "keen",
+    "lively",
+    "misty",
+    "noble",
+    "odd",
+    "proud",
+    "quiet",
+    "rapid",
+    "silent",
+    "tidy",
 )
 _NOUNS = (
-    "anchor", "badger", "candle", "dolphin", "engine", "falcon", "garden", "harbor", "island",
-    "jacket", "kettle", "lantern", "meadow", "needle", "orchid", "pebble", "quarry", "river",
-    "saddle", "tunnel",
+    "anchor",
+    "badger",
+    "candle",
+    "dolphin",
+    "engine",
+    "falcon",
+    "garden",
+    "harbor",
+    "island",
+    "jacket",
+    "kettle",
+    "lantern",
+    "meadow",
+    "needle",
+    "orchid",
+    "pebble",
+    "quarry",
+    "river",
+    "saddle",
+    "tunnel",
 )
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -65,8 +100,9 @@ def load_needles(path: Path) -> list[Needle]:
             record: Any = json.loads(line)
             needles.append(Needle(**{k: str(v) for k, v in record.items()}))
         except (json.JSONDecodeError, TypeError) as exc:
-            raise InputError(f"{path}:{lineno}: a needle needs 'key' and 'value' ({exc})",
-                             field="needles") from exc
+            raise InputError(
+                f"{path}:{lineno}: a needle needs 'key' and 'value' ({exc})", field="needles"
+            ) from exc
     if not needles:
         raise InputError(f"no needles in {path}", field="needles")
     return needles
@@ -92,7 +128,9 @@ def read_haystack(folder: Path, tokenizer: Any) -> list[_Sentence]:
     return sentences
 
 
-def _documents(sentences: list[_Sentence], chunk_tokens: int, needle: str, mark: int) -> list[Document]:
+def _documents(
+    sentences: list[_Sentence], chunk_tokens: int, needle: str, mark: int
+) -> list[Document]:
     """Consecutive sentences grouped into documents of about ``chunk_tokens`` tokens (a new
     document at each new source file), with ``needle`` inserted before ``sentences[mark]``
     (after the last sentence when ``mark == len(sentences)``)."""
@@ -110,13 +148,21 @@ def _documents(sentences: list[_Sentence], chunk_tokens: int, needle: str, mark:
         size += sentence.tokens
     if mark >= len(sentences):
         groups[-1].append(needle)
-    return [Document(id=f"p{i + 1}", title=t, text=" ".join(g))
-            for i, (t, g) in enumerate(zip(titles, groups, strict=True))]
+    return [
+        Document(id=f"p{i + 1}", title=t, text=" ".join(g))
+        for i, (t, g) in enumerate(zip(titles, groups, strict=True))
+    ]
 
 
 def _build_one(
-    haystack: list[_Sentence], needle: Needle, tokenizer: Any, length: int, depth: float,
-    start: int, chunk_tokens: int, use_prefix: bool,
+    haystack: list[_Sentence],
+    needle: Needle,
+    tokenizer: Any,
+    length: int,
+    depth: float,
+    start: int,
+    chunk_tokens: int,
+    use_prefix: bool,
 ) -> EvalItem:
     needle_text = needle.needle.format(key=needle.key, value=needle.value)
     question = needle.question.format(key=needle.key, value=needle.value)
@@ -138,8 +184,9 @@ def _build_one(
                 break
             cumulative += sentence.tokens
         documents = _documents(chosen, chunk_tokens, needle_text, mark)
-        layout = assemble_prompt(tokenizer, question, documents, max_prompt_tokens=10 * length,
-                                 answer_prefix=prefix)
+        layout = assemble_prompt(
+            tokenizer, question, documents, max_prompt_tokens=10 * length, answer_prefix=prefix
+        )
         over = layout.num_tokens - length
         if -8 <= over <= 0:
             break
@@ -161,8 +208,10 @@ def _build_one(
             "key": needle.key,
             "evidence_doc_id": holder.id,
             "evidence_span": [offset, offset + len(needle_text)],
-            "value_span": [offset + needle_text.index(needle.value),
-                           offset + needle_text.index(needle.value) + len(needle.value)],
+            "value_span": [
+                offset + needle_text.index(needle.value),
+                offset + needle_text.index(needle.value) + len(needle.value),
+            ],
         },
     )
 
@@ -179,7 +228,11 @@ def build_needles(
     answer_prefix: bool = True,
     chunk_tokens: int = 256,
 ) -> LoadedItems:
-    """Items for every length x depth x sample (ids ``niah-L{length}-d{depth}-s{sample}``)."""
+    """Items for every sample x depth x length (ids ``niah-L{length}-d{depth}-s{sample}``).
+
+    An item depends only on its id and the seed, so adding samples, lengths or depths
+    later leaves the existing items as they were.
+    """
     if not lengths or not depths or samples < 1:
         raise InputError("needles need --lengths, --depths and --samples >= 1", field="lengths")
     for depth in depths:
@@ -189,19 +242,26 @@ def build_needles(
     given = load_needles(needles_file) if needles_file else None
     items: list[EvalItem] = []
     malformed: list[Malformed] = []
-    count = 0
-    for length in lengths:
+    # sample-major, so that --limit (or an interrupted run) covers every depth and length
+    for sample in range(samples):
         for depth in depths:
-            for sample in range(samples):
+            for length in lengths:
                 item_id = f"niah-L{length}-d{depth:g}-s{sample}"
                 digest = hashlib.sha256(f"{seed}:{item_id}".encode()).digest()
                 rng = random.Random(int.from_bytes(digest[:8], "big"))
-                needle = given[count % len(given)] if given else _random_needle(rng)
-                count += 1
+                needle = given[rng.randrange(len(given))] if given else _random_needle(rng)
                 start = rng.randrange(len(haystack))
                 try:
-                    item = _build_one(haystack, needle, tokenizer, length, depth, start,
-                                      chunk_tokens, answer_prefix)
+                    item = _build_one(
+                        haystack,
+                        needle,
+                        tokenizer,
+                        length,
+                        depth,
+                        start,
+                        chunk_tokens,
+                        answer_prefix,
+                    )
                 except (InputError, KeyError, ValueError, StopIteration) as exc:
                     malformed.append(Malformed(item_id, f"cannot build: {exc}"))
                     continue

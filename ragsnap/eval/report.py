@@ -12,13 +12,23 @@ from ragsnap.eval.items import Malformed
 
 # report.md columns, in order; a column is shown when some run has the metric
 COLUMNS = (
-    ("accuracy", "accuracy"), ("yesno_accuracy", "yes/no acc"), ("yesno_macro_f1", "yes/no F1"),
-    ("factoid_strict", "factoid strict"), ("factoid_lenient", "factoid lenient"),
-    ("factoid_mrr", "factoid MRR"), ("list_f1", "list F1"), ("rouge_l", "ROUGE-L"),
-    ("needle_accuracy", "needle acc"), ("needle_partial", "needle digits"),
-    ("agreement", "agreement"), ("kl", "KL"), ("nll_gap", "NLL gap"),
-    ("citation_precision", "cite P"), ("citation_recall", "cite R"),
-    ("gold_kept_share", "gold kept"), ("needle_kept_share", "needle kept"),
+    ("accuracy", "accuracy"),
+    ("yesno_accuracy", "yes/no acc"),
+    ("yesno_macro_f1", "yes/no F1"),
+    ("factoid_strict", "factoid strict"),
+    ("factoid_lenient", "factoid lenient"),
+    ("factoid_mrr", "factoid MRR"),
+    ("list_f1", "list F1"),
+    ("rouge_l", "ROUGE-L"),
+    ("needle_accuracy", "needle acc"),
+    ("needle_partial", "needle digits"),
+    ("agreement", "agreement"),
+    ("kl", "KL"),
+    ("nll_gap", "NLL gap"),
+    ("citation_precision", "cite P"),
+    ("citation_recall", "cite R"),
+    ("gold_kept_share", "gold kept"),
+    ("needle_kept_share", "needle kept"),
 )
 HEADLINE = ("needle_accuracy", "accuracy", "factoid_lenient", "list_f1", "rouge_l")
 
@@ -43,18 +53,30 @@ def write_malformed(out_dir: Path, malformed: Sequence[Malformed]) -> None:
     path.write_text(json.dumps([m.to_dict() for m in malformed], indent=2) + "\n", encoding="utf-8")
 
 
-def _table(runs: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], source: str) -> list[str]:
+def _table(
+    runs: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]], source: str
+) -> list[str]:
     header = "| press | budget | n | " + " | ".join(label for _, label in columns) + " |"
     lines = [header, "|" + "---|" * (3 + len(columns))]
     for run in runs:
         values = run[source]
         cells = [fmt(values.get(key)) for key, _ in columns]
-        lines.append(f"| {run['press']} | {budget_label(run['budget'])} | {run['n']} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {run['press']} | {budget_label(run['budget'])} | {run['n']} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return lines
 
 
-def write_report(out_dir: Path, runs: list[dict[str, Any]], records: Sequence[dict[str, Any]],
-                 header: dict[str, Any], malformed: Sequence[Malformed], plots: Sequence[str]) -> Path:
+def write_report(
+    out_dir: Path,
+    runs: list[dict[str, Any]],
+    records: Sequence[dict[str, Any]],
+    header: dict[str, Any],
+    malformed: Sequence[Malformed],
+    plots: Sequence[str],
+) -> Path:
     """``report.md``: settings, the metrics table, retention, needles by length, timings."""
     lines = ["# ragsnap eval report", ""]
     lines += [f"- {key}: {value}" for key, value in header.items()]
@@ -62,17 +84,30 @@ def write_report(out_dir: Path, runs: list[dict[str, Any]], records: Sequence[di
     lines += [f"- items scored: {items}", f"- malformed items skipped: {len(malformed)}", ""]
     columns = [(k, label) for k, label in COLUMNS if any(k in r["metrics"] for r in runs)]
     lines += ["## Metrics", ""] + _table(runs, columns, "metrics") + [""]
-    kept = [(k, label) for k, label in COLUMNS if any(r["retention"].get(k) is not None for r in runs)]
+    kept = [
+        (k, label) for k, label in COLUMNS if any(r["retention"].get(k) is not None for r in runs)
+    ]
     if kept:
         lines += ["## Retention (metric / full-cache metric on the same items)", ""]
         lines += _table(runs, kept, "retention") + [""]
-    lengths = sorted({key[len("needle_accuracy_length"):] for r in runs for key in r["metrics"]
-                      if key.startswith("needle_accuracy_length")}, key=float)
+    lengths = sorted(
+        {
+            key[len("needle_accuracy_length") :]
+            for r in runs
+            for key in r["metrics"]
+            if key.startswith("needle_accuracy_length")
+        },
+        key=float,
+    )
     if lengths:
         cols = [(f"needle_accuracy_length{n}", f"{n} tokens") for n in lengths]
         lines += ["## Needle accuracy by prompt length", ""] + _table(runs, cols, "metrics") + [""]
-    timing_cols = [("prefill_s", "prefill s (shared)"), ("compress_s", "compress s"),
-                   ("decode_ms_per_token", "decode ms/token"), ("fidelity_s", "teacher forcing s")]
+    timing_cols = [
+        ("prefill_s", "prefill s (shared)"),
+        ("compress_s", "compress s"),
+        ("decode_ms_per_token", "decode ms/token"),
+        ("fidelity_s", "teacher forcing s"),
+    ]
     lines += ["## Timings (mean per item)", ""] + _table(runs, timing_cols, "timings") + [""]
     if malformed:
         lines += ["## Malformed items (skipped)", ""]
@@ -127,7 +162,8 @@ def plot_scores(out_dir: Path, runs: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def plot_needles(out_dir: Path, records: Sequence[dict[str, Any]]) -> list[str]:
-    """``needle_heatmap_<press>.png``: accuracy by depth (rows) x length (columns), one panel per budget."""
+    """``needle_heatmap_<press>.png``: accuracy by depth (rows) x length (columns), one
+    panel per budget."""
     grids = needle_grid(records)
     if not grids:
         return []

@@ -73,8 +73,9 @@ class EvalOutcome:
     malformed: list[Malformed] = field(default_factory=list)
 
 
-def evidence_token_spans(tokenizer: Any, layout: PromptLayout, item: EvalItem,
-                         span_key: str) -> list[tuple[int, int]]:
+def evidence_token_spans(
+    tokenizer: Any, layout: PromptLayout, item: EvalItem, span_key: str
+) -> list[tuple[int, int]]:
     """Prompt token span of a character span inside one document (``item.metadata``:
     ``evidence_doc_id`` and ``span_key`` = ``[start, end)`` in that document's text)."""
     doc_id, chars = item.metadata.get("evidence_doc_id"), item.metadata.get(span_key)
@@ -82,7 +83,11 @@ def evidence_token_spans(tokenizer: Any, layout: PromptLayout, item: EvalItem,
         if doc.id != doc_id or not chars:
             continue
         piece = format_document(index + 1, doc)
-        offset = len(f"[{index + 1}] {doc.title}".rstrip()) + 1 + (len(doc.text) - len(doc.text.lstrip()))
+        offset = (
+            len(f"[{index + 1}] {doc.title}".rstrip())
+            + 1
+            + (len(doc.text) - len(doc.text.lstrip()))
+        )
         lo, hi = offset + chars[0], offset + chars[1]
         enc = tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
         hit = [j for j, (s, e) in enumerate(enc["offset_mapping"]) if s < hi and e > lo]
@@ -96,7 +101,9 @@ def answer_stopper(item: EvalItem, tokenizer: Any) -> Callable[[list[int]], bool
     """Needle answers end with the number: stop once a digit run is followed by anything."""
     if item.type != "needle":
         return None
-    return lambda tokens: bool(_NUMBER_DONE.search(tokenizer.decode(tokens, skip_special_tokens=True)))
+    return lambda tokens: bool(
+        _NUMBER_DONE.search(tokenizer.decode(tokens, skip_special_tokens=True))
+    )
 
 
 @dataclass
@@ -109,8 +116,15 @@ class _Decoded:
     batch: int
 
 
-def _decode_group(engine: Any, caches: list[Any], first_logits: Any, length: int,
-                  generation: GenerationConfig, stop: Any, reference: Reference | None) -> list[_Decoded]:
+def _decode_group(
+    engine: Any,
+    caches: list[Any],
+    first_logits: Any,
+    length: int,
+    generation: GenerationConfig,
+    stop: Any,
+    reference: Reference | None,
+) -> list[_Decoded]:
     """Teacher-force (when ``reference`` is given) and decode caches of equal shape as one batch."""
     stacked = stack_caches(caches)
     started = time.perf_counter()
@@ -122,29 +136,48 @@ def _decode_group(engine: Any, caches: list[Any], first_logits: Any, length: int
         fids = [compare(torch.empty(0, 0), reference) for _ in caches]
     fid_s = (time.perf_counter() - started) / len(caches)
     answers, seconds, steps = decode_batch(engine, stacked, first_logits, length, generation, stop)
-    return [_Decoded(a, f, seconds, steps, fid_s, len(caches)) for a, f in zip(answers, fids, strict=True)]
+    return [
+        _Decoded(a, f, seconds, steps, fid_s, len(caches))
+        for a, f in zip(answers, fids, strict=True)
+    ]
 
 
-def _decode_alone(engine: Any, prefill: Any, generation: GenerationConfig, stop: Any,
-                  reference: Reference) -> _Decoded:
+def _has_bias(prefill: Any) -> bool:
+    """Whether a press re-weights its kept keys (such caches are not stacked)."""
+    return bool(getattr(prefill, "bias", None)) or any(
+        getattr(layer, "bias", None) is not None for layer in prefill.kept
+    )
+
+
+def _decode_alone(
+    engine: Any, prefill: Any, generation: GenerationConfig, stop: Any, reference: Reference
+) -> _Decoded:
     """The engine's own decode path (for caches that carry a per-key bias)."""
     started = time.perf_counter()
-    fid = fidelity(engine, prefill.cache, prefill.original_length, reference)
+    bias = getattr(prefill, "bias", None)
+    fid = fidelity(engine, prefill.cache, prefill.original_length, reference, bias)
     fid_s = time.perf_counter() - started
     tokens: list[int] = []
     timings: dict[str, float] = {}
     check = (lambda: stop(tokens)) if stop else None
     for token in engine.decode_tokens(prefill, generation, check, timings):
         tokens.append(token)
-    return _Decoded(tokens, fid, timings.get("decode_s", 0.0), int(timings.get("decode_steps", 0)),
-                    fid_s, 1)
+    return _Decoded(
+        tokens, fid, timings.get("decode_s", 0.0), int(timings.get("decode_steps", 0)), fid_s, 1
+    )
 
 
-def evaluate_item(engine: Any, item: EvalItem, grid: Sequence[GridPoint],
-                  generation: GenerationConfig, dataset: str) -> list[dict[str, Any]]:
+def evaluate_item(
+    engine: Any,
+    item: EvalItem,
+    grid: Sequence[GridPoint],
+    generation: GenerationConfig,
+    dataset: str,
+) -> list[dict[str, Any]]:
     """Records (one per grid point) for ``item``; raises RagSnapError when it cannot run."""
-    layout = engine.build_prompt(item.question, item.documents, generation,
-                                 answer_prefix=item.answer_prefix)
+    layout = engine.build_prompt(
+        item.question, item.documents, generation, answer_prefix=item.answer_prefix
+    )
     length = layout.num_tokens
     results = engine.prefill_many(layout.input_ids, [g.instance for g in grid])
     stop = answer_stopper(item, engine.tokenizer)
@@ -160,20 +193,24 @@ def evaluate_item(engine: Any, item: EvalItem, grid: Sequence[GridPoint],
     for i, result in enumerate(results[1:], start=1):
         if all(n == length for n in result.kept_tokens_per_layer):
             decoded[i] = _Decoded(full.tokens, dict(full.fidelity), 0.0, 0, 0.0, 0)
-        elif any(layer.bias is not None for layer in result.kept):
+        elif _has_bias(result):
             decoded[i] = _decode_alone(engine, result, generation, stop, reference)
         else:
             groups.setdefault(layer_lengths(result.cache), []).append(i)
     for members in groups.values():
-        outs = _decode_group(engine, [results[i].cache for i in members], first, length,
-                             generation, stop, reference)
+        outs = _decode_group(
+            engine, [results[i].cache for i in members], first, length, generation, stop, reference
+        )
         decoded.update(zip(members, outs, strict=True))
     text = engine.tokenizer.decode
     full_answer = text(full.tokens, skip_special_tokens=True)
     in_prompt = {d.id for d in layout.documents}
     gold = [g for g in item.gold_doc_ids if g in in_prompt]
-    gold_spans = [span for d, span in zip(layout.documents, layout.doc_spans, strict=True)
-                  if d.id in set(gold)]
+    gold_spans = [
+        span
+        for d, span in zip(layout.documents, layout.doc_spans, strict=True)
+        if d.id in set(gold)
+    ]
     value_spans = evidence_token_spans(engine.tokenizer, layout, item, "value_span")
     records = []
     for i, (point, result) in enumerate(zip(grid, results, strict=True)):
@@ -188,37 +225,45 @@ def evaluate_item(engine: Any, item: EvalItem, grid: Sequence[GridPoint],
         scores["gold_kept_share"] = kept_share(keep_rate, gold_spans)
         if value_spans:
             scores["needle_kept_share"] = kept_share(keep_rate, value_spans)
-        records.append({
-            "item_id": item.id,
-            "dataset": dataset,
-            "type": item.type,
-            "press": point.press,
-            "budget": point.budget,
-            "press_config": result.press_config,
-            "question": item.question,
-            "prompt_tokens": length,
-            "kept_tokens": result.kept_tokens,
-            "answer": answer,
-            "full_answer": full_answer,
-            "gold_answers": item.answers or [g[0] for g in item.answer_groups],
-            "citations": [c.doc_id for c in citations],
-            "gold_doc_ids": gold,
-            "scores": scores,
-            "fidelity_tokens": out.fidelity["fidelity_tokens"],
-            "stats": {
-                "prefill_s": round(result.prefill_s, 4),
-                "compress_s": round(result.compress_s, 4),
-                "decode_s": round(out.decode_s, 4),
-                "decode_ms_per_token": round(1000 * out.decode_s / out.steps, 3) if out.steps else None,
-                "decode_batch": out.batch,
-                "new_tokens": len(out.tokens),
-                "fidelity_s": round(out.fidelity_s, 4),
-                "kv_bytes_full": result.kv_bytes_full,
-                "kv_bytes_kept": result.kv_bytes_kept,
-                "reused_full": out.batch == 0,
-            },
-            "meta": {k: v for k, v in item.metadata.items() if k in ("length", "depth", "sample", "key")},
-        })
+        records.append(
+            {
+                "item_id": item.id,
+                "dataset": dataset,
+                "type": item.type,
+                "press": point.press,
+                "budget": point.budget,
+                "press_config": result.press_config,
+                "question": item.question,
+                "prompt_tokens": length,
+                "kept_tokens": result.kept_tokens,
+                "answer": answer,
+                "full_answer": full_answer,
+                "gold_answers": item.answers or [g[0] for g in item.answer_groups],
+                "citations": [c.doc_id for c in citations],
+                "gold_doc_ids": gold,
+                "scores": scores,
+                "fidelity_tokens": out.fidelity["fidelity_tokens"],
+                "stats": {
+                    "prefill_s": round(result.prefill_s, 4),
+                    "compress_s": round(result.compress_s, 4),
+                    "decode_s": round(out.decode_s, 4),
+                    "decode_ms_per_token": round(1000 * out.decode_s / out.steps, 3)
+                    if out.steps
+                    else None,
+                    "decode_batch": out.batch,
+                    "new_tokens": len(out.tokens),
+                    "fidelity_s": round(out.fidelity_s, 4),
+                    "kv_bytes_full": result.kv_bytes_full,
+                    "kv_bytes_kept": result.kv_bytes_kept,
+                    "reused_full": out.batch == 0,
+                },
+                "meta": {
+                    k: v
+                    for k, v in item.metadata.items()
+                    if k in ("length", "depth", "sample", "key")
+                },
+            }
+        )
     return records
 
 
@@ -249,8 +294,9 @@ def run_items(
             todo.append(item)
     if outcome.resumed:
         logger.info("resuming: %d items already done", outcome.resumed)
-    with tqdm(total=len(todo), desc="ragsnap eval", unit="item", disable=not progress,
-              dynamic_ncols=True) as bar:
+    with tqdm(
+        total=len(todo), desc="ragsnap eval", unit="item", disable=not progress, dynamic_ncols=True
+    ) as bar:
         for item in todo:
             bar.set_postfix_str(item.id[:24])
             try:
@@ -259,14 +305,17 @@ def run_items(
                 logger.warning("item %s skipped: %s", item.id, exc)
                 outcome.malformed.append(Malformed(item.id, str(exc)))
             else:
-                store.append(r for r in records if (r["item_id"], r["press"], r["budget"]) not in store.done)
+                store.append(
+                    r for r in records if (r["item_id"], r["press"], r["budget"]) not in store.done
+                )
                 outcome.evaluated += 1
             bar.update(1)
     return outcome
 
 
-def select_records(records: Sequence[dict[str, Any]], items: Sequence[EvalItem],
-                   grid: Sequence[GridPoint]) -> list[dict[str, Any]]:
+def select_records(
+    records: Sequence[dict[str, Any]], items: Sequence[EvalItem], grid: Sequence[GridPoint]
+) -> list[dict[str, Any]]:
     """The stored records that belong to this run's items and grid (last write wins)."""
     wanted_items = {i.id for i in items}
     wanted_points = {(g.press, g.budget) for g in grid}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -20,6 +20,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseChatModel
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
 from langchain_core.messages import AIMessageChunk, BaseMessage, HumanMessage
+from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
@@ -88,8 +89,8 @@ class ChatRagSnap(BaseChatModel):
     api_key: SecretStr | None = None
     retriever: BaseRetriever | None = None
     compression: dict[str, Any] = Field(default_factory=dict)
-    max_new_tokens: int = Field(128, ge=1)
-    temperature: float = Field(0.0, ge=0)
+    max_new_tokens: int = Field(default=128, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
     namespace: str = "default"
     timeout: float = 300.0
 
@@ -156,7 +157,7 @@ class ChatRagSnap(BaseChatModel):
 
     def _local_events(
         self, question: str, documents: list[Document], stop: threading.Event | None = None
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         should_stop = stop.is_set if stop is not None else None
         with self._lock:
             events = self.engine.stream(
@@ -236,7 +237,7 @@ class ChatRagSnap(BaseChatModel):
             "documents": meta.get("documents", []),
             "ragsnap": stats,
         }
-        usage = {"input_tokens": prompt, "output_tokens": new, "total_tokens": prompt + new}
+        usage = UsageMetadata(input_tokens=prompt, output_tokens=new, total_tokens=prompt + new)
         message = AIMessageChunk(
             content="", response_metadata=metadata, usage_metadata=usage, chunk_position="last"
         )

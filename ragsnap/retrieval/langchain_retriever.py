@@ -82,7 +82,7 @@ class RagSnapRetriever(BaseRetriever):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     index: BM25Index
-    top_k: int = Field(4, ge=1)
+    top_k: int = Field(default=4, ge=1)
 
     @classmethod
     def from_directory(

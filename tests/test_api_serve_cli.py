@@ -1,0 +1,32 @@
+"""``ragsnap serve`` option handling (the server itself is exercised by the other API tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragsnap.cli import build_parser
+from ragsnap.errors import ConfigError
+
+
+def test_serve_options_override_the_environment(monkeypatch):
+    from ragsnap.cli.serve import settings_from_args
+
+    monkeypatch.setenv("RAGSNAP_PORT", "9001")
+    monkeypatch.setenv("RAGSNAP_MAX_DOCUMENTS", "5")
+    monkeypatch.setenv("RAGSNAP_API_KEYS", "k1, k2")
+    args = build_parser().parse_args(
+        ["serve", "--port", "9100", "--cache", "none", "--max-queue", "3"]
+    )
+    settings = settings_from_args(args)
+    assert (settings.port, settings.cache_url, settings.max_queue) == (9100, "none", 3)
+    assert settings.max_documents == 5 and settings.host == "127.0.0.1"
+    assert [k.get_secret_value() for k in settings.api_keys] == ["k1", "k2"]
+    assert "k1" not in repr(settings)  # keys never show up in reprs or logs
+
+
+def test_bad_setting_is_a_config_error(monkeypatch):
+    from ragsnap.cli.serve import settings_from_args
+
+    monkeypatch.setenv("RAGSNAP_MAX_QUEUE", "0")
+    with pytest.raises(ConfigError, match="max_queue"):
+        settings_from_args(build_parser().parse_args(["serve"]))

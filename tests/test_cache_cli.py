@@ -1,0 +1,60 @@
+"""``ragsnap ask --cache`` and ``ragsnap cache stats|clear`` in-process, on the loaded model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ragsnap.cli import main
+from ragsnap.engine import RagSnapEngine
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture
+def reuse_model(engine, monkeypatch):
+    """``RagSnapEngine.load`` builds on the session's loaded model instead of loading again."""
+
+    def load(cls, model="embedded", *, store=None, prefix_cache=True, storage_dtype=None, **_):
+        return cls(engine.loaded, store=store, prefix_cache=prefix_cache)
+
+    monkeypatch.setattr(RagSnapEngine, "load", classmethod(load))
+
+
+def run(capsys, *argv: str) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_ask_caches_and_the_cache_commands_see_it(reuse_model, tmp_path: Path, capsys, monkeypatch):
+    doc = tmp_path / "tides.txt"
+    doc.write_text("Tides are caused mainly by the gravity of the Moon pulling on the oceans.")
+    url = f"file://{tmp_path / 'kv'}"
+    ask = ["ask", "-q", "What causes tides?", "--docs", str(doc), "--budget", "48",
+           "--window", "8", "--max-new-tokens", "4", "--json"]
+    first = run(capsys, *ask, "--cache", url)
+    again = run(capsys, *ask, "--cache", url)
+    assert (first["stats"]["cache"], again["stats"]["cache"]) == ("miss", "hit")
+    assert again["answer"] == first["answer"] and again["stats"]["cache_bytes_read"] > 0
+    assert run(capsys, *ask, "--cache", "none")["stats"]["cache"] == "off"
+    monkeypatch.setenv("RAGSNAP_CACHE_URL", url)  # the default store when --cache is absent
+    assert run(capsys, *ask)["stats"]["cache"] == "hit"
+
+    other = run(capsys, *ask, "--namespace", "other", "--no-prefix-cache")
+    assert other["stats"]["cache"] == "miss"
+    stats = run(capsys, "cache", "stats", "--cache", url, "--json")
+    assert stats["backend"] == "file" and stats["entries"] == 3  # kv + prefix, kv in "other"
+    assert run(capsys, "cache", "stats", "--namespace", "other", "--json")["entries"] == 1
+    assert main(["cache", "clear", "--namespace", "other"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert run(capsys, "cache", "stats", "--json")["entries"] == 2
+
+
+def test_bad_cache_url_is_one_clear_line(capsys, tmp_path: Path):
+    doc = tmp_path / "d.txt"
+    doc.write_text("text")
+    assert main(["ask", "-q", "q?", "--docs", str(doc), "--cache", "ftp://x"]) == 2
+    err = capsys.readouterr().err
+    assert "unsupported cache URL scheme 'ftp'" in err and "Traceback" not in err
