@@ -20,7 +20,10 @@ class ServiceMetrics:
             "ragsnap_requests", "HTTP requests by route and status", ["route", "status"], registry=r
         )
         self.answers = Counter(
-            "ragsnap_answers", "answers by outcome (ok, cancelled, error)", ["outcome"], registry=r
+            "ragsnap_answers",
+            "jobs by outcome (ok, cancelled, error; skipped: its client left while it waited)",
+            ["outcome"],
+            registry=r,
         )
         self.rejected = Counter("ragsnap_queue_rejections", "requests refused with 429", registry=r)
         self.queue_depth = Gauge(

@@ -166,8 +166,9 @@ class EngineWorker:
             job = self._queue.get()
             if job is None:
                 return
-            if job.cancelled.is_set():
+            if job.cancelled.is_set():  # its client left while it waited
                 job.outcome = "cancelled"
+                self.metrics.answers.labels("skipped").inc()
                 job._send(_END)
                 continue
             self._busy.set()

@@ -29,7 +29,7 @@ def ask(base_url, key):
     body = {
         "question": "What causes tides?",
         "documents": DOCS,
-        "max_new_tokens": 3,
+        "max_new_tokens": 2,
         "compression": FAST,
     }
     response = httpx.post(

@@ -58,3 +58,16 @@ def test_bad_cache_url_is_one_clear_line(capsys, tmp_path: Path):
     assert main(["ask", "-q", "q?", "--docs", str(doc), "--cache", "ftp://x"]) == 2
     err = capsys.readouterr().err
     assert "unsupported cache URL scheme 'ftp'" in err and "Traceback" not in err
+
+
+def test_bench_cache_prints_every_field(reuse_model, capsys, tmp_path: Path):
+    out = run(capsys, "bench", "cache", "--context", "400", "--budget", "64", "--repeats", "1",
+              "--cache", f"file://{tmp_path}", "--json")
+    assert {"context", "budget", "ttft_miss_s", "ttft_hit_s", "ttft_prefix_hit_s", "read_floor_s",
+            "bytes_compressed", "bytes_prefix", "bytes_full_kv"} <= set(out)
+    assert 300 < out["prompt_tokens"] <= 400
+    # the compressed entry is the kept share of the full KV plus a small overhead
+    assert 1.0 < out["compressed_over_expected"] < 1.1
+    assert out["bytes_prefix"] < out["bytes_full_kv"]
+    assert out["prefix_hit_prefill_tokens"] == 32  # the default window; the tail is shorter
+    assert list(tmp_path.rglob("*.kv")) == []  # the benchmark cleans up after itself

@@ -50,37 +50,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", default="embedded", help="'embedded', a Hugging Face id or a path"
     )
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda...")
+    parser.add_argument(
+        "--threads", type=int, help="torch intra-op threads (default: torch's own choice)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def sample_documents(tokenizer: Any, context: int) -> list[Any]:
-    """The bundled samples, repeated as numbered parts, filling about ``context`` tokens."""
+    """The bundled samples, repeated as numbered parts (the last one cut), filling about
+    ``context`` prompt tokens."""
     from ragsnap.documents import Document
-    from ragsnap.retrieval.prompt import format_document
+    from ragsnap.retrieval.prompt import assemble_prompt, format_document
+
+    def count(index: int, doc: Document) -> int:
+        piece = format_document(index, doc)
+        return len(tokenizer(piece, add_special_tokens=False)["input_ids"])
 
     texts = []
     for entry in sorted(resources.files("ragsnap.samples").iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".md"):
-            texts.append(
-                (entry.name.removesuffix(".md"), entry.read_text(encoding="utf-8").strip())
-            )
-    room = context - 120  # the template, the question and the generation prompt
+            text = entry.read_text(encoding="utf-8").strip()
+            texts.append((entry.name.removesuffix(".md"), text))
+    # what the template, the question and the generation prompt take
+    frame = assemble_prompt(tokenizer, QUESTION_B, [], max_prompt_tokens=context)
+    room = context - frame.num_tokens
     documents: list[Document] = []
     used = 0
     while True:
-        name, text = texts[len(documents) % len(texts)]
-        doc = Document(
-            id=f"{name}-{len(documents)}", title=f"{name} part {len(documents) + 1}", text=text
-        )
-        size = len(
-            tokenizer(format_document(len(documents) + 1, doc), add_special_tokens=False)[
-                "input_ids"
-            ]
-        )
+        n = len(documents)
+        name, text = texts[n % len(texts)]
+        doc = Document(id=f"{name}-{n}", title=f"{name} part {n + 1}", text=text)
+        size = count(n + 1, doc)
         if used + size > room:
-            return documents
+            break
         documents.append(doc)
         used += size
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    keep = room - used - (size - len(ids))  # what fits of the next text, its header aside
+    while keep > 16:
+        cut = tokenizer.decode(ids[:keep])
+        doc = Document(id=f"{name}-{n}", title=f"{name} part {n + 1}", text=cut)
+        if used + count(n + 1, doc) <= room:
+            documents.append(doc)
+            break
+        keep -= 4
+    return documents
 
 
 def _ttft(
@@ -109,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
         storage_dtype = parse_dtype(args.storage_dtype)
     except ValueError as exc:
         raise ConfigError(str(exc), field="storage_dtype") from exc
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError("--threads must be at least 1", field="threads")
+        torch.set_num_threads(args.threads)
     base = RagSnapEngine.load(args.model, device=args.device)
     scratch = None if args.cache else tempfile.TemporaryDirectory(prefix="ragsnap-bench-cache-")
     store = open_store(args.cache or f"file://{scratch.name}")  # type: ignore[union-attr]
@@ -181,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         "prompt_tokens": prompt_tokens,
         "store": store.describe(),
         "device": str(base.loaded.device),
+        "threads": torch.get_num_threads(),
         "repeats": args.repeats,
         "hit_load_s": round(med["hit_load_s"], 4),
         "prefix_read_s": round(med["prefix_read_s"], 4),

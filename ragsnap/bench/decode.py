@@ -78,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda...")
     parser.add_argument("--repeats", type=int, default=3, help="repetitions; medians are reported")
     parser.add_argument("--decode-tokens", type=int, default=32, help="decode steps timed per run")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch intra-op threads (default: torch's choice); 1 avoids thread spin-waits "
+        "when other processes share the cores",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -232,6 +238,10 @@ def run(args: argparse.Namespace) -> int:
             "--press full keeps everything: choose a compressing press", field="press"
         )
     press = make_press(args.press, budget=args.budget, window=args.window)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError("--threads must be at least 1", field="threads")
+        torch.set_num_threads(args.threads)
     engine = RagSnapEngine.load(args.model, device=args.device)
     longest = max(contexts)
     if longest + args.decode_tokens > engine.loaded.context_length:

@@ -110,4 +110,15 @@ def print_summary(done) -> None:  # type: ignore[no-untyped-def]
         f"first token {stats['ttft_s']:.2f}s, decode "
         + (f"{decode:.1f} ms/token" if decode is not None else "n/a")
         + f", cache {stats['cache']}"
+        + _cache_detail(stats)
     )
+
+
+def _cache_detail(stats: dict) -> str:
+    read, written = stats.get("cache_bytes_read", 0), stats.get("cache_bytes_written", 0)
+    parts = []
+    if read:
+        parts.append(f"{read / 2**20:.1f} MiB read in {stats.get('cache_load_s', 0.0):.2f}s")
+    if written:
+        parts.append(f"{written / 2**20:.1f} MiB written")
+    return f" ({', '.join(parts)})" if parts else ""

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from ragsnap.cli.options import add_model_options
-from ragsnap.errors import ConfigError
 
 
 def _ints(text: str) -> list[int]:
