@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,52 +93,61 @@ class AnswerJob:
 
 
 class EngineWorker:
-    """Runs jobs on ``engine`` in one thread; at most ``max_queue`` jobs wait."""
+    """Runs jobs on ``engine`` in one thread; at most ``max_queue`` live jobs wait.
+
+    A waiting job whose client left stops counting against the limit at once (it is
+    dropped when the worker reaches it), so a disconnect frees its slot immediately.
+    """
 
     def __init__(
         self, engine: RagSnapEngine, max_queue: int, metrics: ServiceMetrics, min_retry_s: int = 1
     ):
         self.engine = engine
         self.metrics = metrics
+        self.max_queue = max_queue
         self.min_retry_s = min_retry_s
-        self._queue: queue.Queue[AnswerJob | None] = queue.Queue(maxsize=max_queue)
+        self._waiting: deque[AnswerJob] = deque()
+        self._changed = threading.Condition()
+        self._stopping = False
         self._thread: threading.Thread | None = None
         self._busy = threading.Event()
+        self._current: AnswerJob | None = None
         self._mean_job_s = 5.0  # refined by an exponential moving average of real jobs
-        metrics.track_queue(
-            lambda: self._queue.qsize(), lambda: 1.0 if self._busy.is_set() else 0.0
-        )
+        metrics.track_queue(lambda: self.depth, lambda: 1.0 if self._busy.is_set() else 0.0)
 
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ragsnap-engine-worker", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel waiting jobs, stop the running one after its decode step, join the thread."""
+        """Refuse waiting jobs (503), stop the running one after its decode step, join."""
         if self._thread is None:
             return
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.cancel()
-                job._send(JobFailure(503, "the server is shutting down", code="shutting_down"))
-                job._send(_END)
-        self._queue.put(None)
+        with self._changed:
+            self._stopping = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self._changed.notify_all()
+        if self._current is not None:
+            self._current.cancel()
+        for job in waiting:
+            job.cancel()
+            job._send(JobFailure(503, "the server is shutting down", code="shutting_down"))
+            job._send(_END)
         self._thread.join(timeout)
         self._thread = None
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        """Jobs waiting whose client is still there."""
+        with self._changed:
+            return sum(1 for job in self._waiting if not job.cancelled.is_set())
 
     @property
     def busy(self) -> bool:
@@ -146,35 +155,43 @@ class EngineWorker:
 
     # -- submitting ----------------------------------------------------------------
 
-    def retry_after(self) -> int:
-        return max(self.min_retry_s, math.ceil(self._mean_job_s * (self.depth + 1)))
-
     def submit(self, job: AnswerJob) -> None:
         """Queue ``job``; raises :class:`QueueFullError` at once when no slot is free."""
         if not self.running:
             raise WorkerStoppedError("the engine worker is not running")
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            self.metrics.rejected.inc()
-            raise QueueFullError(self.retry_after()) from None
+        with self._changed:
+            live = sum(1 for waiting in self._waiting if not waiting.cancelled.is_set())
+            if live >= self.max_queue:
+                self.metrics.rejected.inc()
+                raise QueueFullError(self._retry_after(live))
+            self._waiting.append(job)
+            self._changed.notify()
+
+    def _retry_after(self, waiting: int) -> int:
+        """Seconds until a slot is likely free: the running job and the waiting ones."""
+        return max(self.min_retry_s, math.ceil(self._mean_job_s * (waiting + 1)))
 
     # -- the thread ----------------------------------------------------------------
 
+    def _next_job(self) -> AnswerJob | None:
+        with self._changed:
+            while not self._waiting and not self._stopping:
+                self._changed.wait()
+            return None if self._stopping else self._waiting.popleft()
+
     def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
+        while (job := self._next_job()) is not None:
             if job.cancelled.is_set():  # its client left while it waited
                 job.outcome = "cancelled"
                 self.metrics.answers.labels("skipped").inc()
                 job._send(_END)
                 continue
             self._busy.set()
+            self._current = job
             try:
                 self._answer(job)
             finally:
+                self._current = None
                 self._busy.clear()
                 job._send(_END)
 

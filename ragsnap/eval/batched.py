@@ -73,6 +73,13 @@ def teacher_force_batch(
     return torch.log_softmax(logits.float(), dim=-1).cpu()
 
 
+def _keep_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Drop finished rows from a stacked cache in place (``rows``: indices to keep)."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, rows)
+        layer.values = layer.values.index_select(0, rows)
+
+
 def decode_batch(
     engine: Any,
     stacked: Any,
@@ -84,33 +91,36 @@ def decode_batch(
     """Greedy answers of every row of ``stacked`` (stop tokens excluded).
 
     ``first_logits`` ``[1, V]`` are the prefill's next-token logits (the same for all rows).
-    A row ends at a stop token, ``max_new_tokens`` or ``should_stop(row_tokens)``; the batch
-    runs until every row has ended. Returns the answers, decode seconds and model steps.
+    A row ends at a stop token, ``max_new_tokens`` or ``should_stop(row_tokens)``; finished
+    rows leave the batch (``stacked`` shrinks with them). Returns the answers, decode seconds
+    and model steps.
     """
     batch = stacked.layers[0].keys.shape[0]
     logits = first_logits.expand(batch, -1)
     answers: list[list[int]] = [[] for _ in range(batch)]
-    done = [False] * batch
+    active = list(range(batch))  # answer index of each remaining row of the cache
     seconds, steps, position = 0.0, 0, start
     for _ in range(generation.max_new_tokens):
         chosen = logits.argmax(-1).tolist()
+        still: list[int] = []
         for row, token in enumerate(chosen):
-            if done[row]:
-                continue
+            answer = answers[active[row]]
             if token in engine.stop_ids:
-                done[row] = True
                 continue
-            answers[row].append(int(token))
-            if len(answers[row]) >= generation.max_new_tokens or (
-                should_stop and should_stop(answers[row])
+            answer.append(int(token))
+            if len(answer) < generation.max_new_tokens and not (
+                should_stop and should_stop(answer)
             ):
-                done[row] = True
-        if all(done):
+                still.append(row)
+        if not still:
             break
+        if len(still) < len(active):
+            _keep_rows(stacked, torch.tensor(still, device=stacked.layers[0].keys.device))
+            chosen = [chosen[row] for row in still]
+            active = [active[row] for row in still]
         started = time.perf_counter()
-        logits = _call(
-            engine, torch.tensor(chosen, dtype=torch.long).unsqueeze(1), stacked, position, keep=1
-        )[:, -1]
+        tokens = torch.tensor(chosen, dtype=torch.long).unsqueeze(1)
+        logits = _call(engine, tokens, stacked, position, keep=1)[:, -1]
         seconds += time.perf_counter() - started
         steps += 1
         position += 1
