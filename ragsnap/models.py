@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import inspect
+import contextlib
+import io
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,9 +88,6 @@ def load_model(
     Raises :class:`ModelLoadError` with the reason when the model cannot be loaded.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # GGUF dequantization bars would swamp the CLI output
 
     target = resolve_device(device)
     attn = attn_implementation or default_attention(target)
@@ -120,7 +119,10 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(
             source, **({"gguf_file": gguf_file} if gguf_file else {}), **({"revision": revision} if revision else {})
         )
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        # the GGUF dequantization progress bar (plain tqdm on stderr) would swamp the output
+        verbose = logger.isEnabledFor(logging.INFO)
+        with contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO()):
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         raise ModelLoadError(f"cannot load model {name!r}: {first_line}") from exc

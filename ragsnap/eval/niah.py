@@ -70,6 +70,7 @@ _NOUNS = (
     "saddle",
     "tunnel",
 )
+FIT_TOLERANCE = 24  # a needle prompt is at most `length` tokens and at most this much shorter
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -168,12 +169,14 @@ def _build_one(
     question = needle.question.format(key=needle.key, value=needle.value)
     prefix = needle.answer_prefix.format(key=needle.key, value=needle.value) if use_prefix else ""
     target = length
-    layout = None
+    best: tuple[int, list[Document]] | None = None  # (prompt tokens, documents), <= length
     for _ in range(8):  # fit the prompt to the length (token counts are nearly additive)
         chosen: list[_Sentence] = []
         total, i = 0, start
-        while total < target and len(chosen) < len(haystack):
+        while len(chosen) < len(haystack):
             sentence = haystack[i % len(haystack)]
+            if total + sentence.tokens > target:
+                break
             chosen.append(sentence)
             total += sentence.tokens
             i += 1
@@ -183,15 +186,21 @@ def _build_one(
                 mark = k
                 break
             cumulative += sentence.tokens
-        documents = _documents(chosen, chunk_tokens, needle_text, mark)
+        documents = _documents(chosen, chunk_tokens, needle_text, mark) if chosen else []
+        if not documents:
+            break
         layout = assemble_prompt(
             tokenizer, question, documents, max_prompt_tokens=10 * length, answer_prefix=prefix
         )
         over = layout.num_tokens - length
-        if -8 <= over <= 0:
+        if over <= 0 and (best is None or layout.num_tokens > best[0]):
+            best = (layout.num_tokens, documents)
+        if -FIT_TOLERANCE <= over <= 0:
             break
-        target -= over
-    assert layout is not None
+        target -= over if over > 0 else over // 2
+    if best is None:
+        raise ValueError(f"cannot fit a needle prompt into {length} tokens")
+    documents = best[1]
     holder = next(d for d in documents if needle_text in d.text)
     offset = holder.text.index(needle_text)
     return EvalItem(
