@@ -40,9 +40,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# presses whose selection depends only on the observation window's queries (and the keys),
-# so a prefill of the tail alone over a loaded prefix selects what a full prefill selects
-PREFIX_SAFE_PRESSES = frozenset({"snapkv", "pyramidkv", "streamingllm", "random", "full"})
 FLIGHT_WAIT_S = 600.0
 
 
@@ -126,7 +123,7 @@ class CachedPrefill:
 
     def prefix_start(self, layout: PromptLayout, press: Press) -> int:
         """Where the final forward pass starts when the prefix is reused; 0 = no reuse."""
-        if not self.prefix_cache or press.name not in PREFIX_SAFE_PRESSES or not layout.documents:
+        if not self.prefix_cache or not press.window_only or not layout.documents:
             return 0
         return max(0, min(layout.prefix_len, layout.num_tokens - window_floor(press)))
 

@@ -91,6 +91,10 @@ class AttentionMatchingPress(Press):
         if self.mass_iterations < 0:
             raise ConfigError("mass_iterations must be >= 0", field="mass_iterations")
 
+    @property
+    def window_only(self) -> bool:  # type: ignore[override]
+        return self.base.window_only
+
     def config(self) -> dict[str, Any]:
         return {
             **self.base.config(),

@@ -159,6 +159,9 @@ class Press(ABC):
     """A KV-cache compression method applied to each layer at the end of prefill."""
 
     name: ClassVar[str]
+    # True when the selection depends only on the keys and the observation window's queries:
+    # then prefilling just the question over a reused document prefix selects the same entries
+    window_only: ClassVar[bool] = True
 
     @abstractmethod
     def compress(self, layer: LayerContext) -> CompressedLayer:

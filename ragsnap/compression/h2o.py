@@ -19,6 +19,7 @@ class H2OPress(ScorerPress):
     """
 
     name = "h2o"
+    window_only = False  # every prompt query votes
     chunk: int = 512
 
     def score(self, layer: LayerContext) -> torch.Tensor:

@@ -43,6 +43,10 @@ class SpanCompletionPress(Press):
         if self.max_word_tokens < 1:
             raise ConfigError("max_word_tokens must be at least 1", field="max_word_tokens")
 
+    @property
+    def window_only(self) -> bool:  # type: ignore[override]
+        return self.base.window_only
+
     def config(self) -> dict[str, Any]:
         return {**self.base.config(), "press": self.name, "max_word_tokens": self.max_word_tokens}
 
