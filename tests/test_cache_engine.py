@@ -243,3 +243,18 @@ def test_namespaces_never_see_each_other(engine, redis_server, ns):
 def test_no_store_means_cache_off(engine, ns):
     eng = RagSnapEngine(engine.loaded, store=open_store("none"))
     assert ask(eng, Q1, ns).stats["cache"] == "off"
+
+
+def test_the_default_press_is_cached_and_reuses_prefixes(engine, redis_server, ns):
+    """The default press (word completion + Attention Matching over SnapKV) carries a
+    decode bias: it must survive the store, and its window must drive the prefix crop."""
+    from ragsnap.compression import make_press
+
+    opts = options(press=make_press(budget=48, window=8), tokens=4)
+    eng = redis_engine(engine, redis_server.url)
+    first, again = ask(eng, Q1, ns, opts), ask(eng, Q1, ns, opts)
+    assert (first.stats["cache"], again.stats["cache"]) == ("miss", "hit")
+    assert again.answer == first.answer
+    reused = ask(eng, Q2, ns, opts)
+    assert reused.stats["cache"] == "prefix-hit"
+    assert reused.answer == engine.answer(Q2, DOCS, opts).answer

@@ -79,6 +79,19 @@ def test_compressed_round_trip_is_bit_identical(length):
     assert read_metadata(payload)["format_version"] == FORMAT_VERSION
 
 
+def test_a_decode_bias_shared_with_the_kept_bias_is_stored_once():
+    layers, kept, logits = _entry()
+    shared = {1: kept[1].bias}  # what the recorder hands the engine: the same tensor
+    payload = serialize_prefill(
+        layers, kept, logits, original_length=50, press_config={}, kv_bytes_full=0,
+        decode_bias=shared, **MODEL,
+    )
+    stored = deserialize_prefill(payload, **MODEL)
+    assert torch.equal(stored.decode_bias[1], kept[1].bias)
+    assert stored.decode_bias[1] is stored.kept[1].bias
+    assert "dbias.1" not in load(payload)
+
+
 def test_storage_dtype_halves_the_bytes_and_loads_back_in_the_model_dtype():
     full, layers, _, _ = _serialize()
     half, _, _, _ = _serialize(storage_dtype=torch.bfloat16)

@@ -14,7 +14,7 @@ from ragsnap.documents import Document
 from ragsnap.eval.batched import decode_batch, stack_caches, teacher_force_batch
 from ragsnap.eval.evaluate import EvalRequest, evaluate
 from ragsnap.eval.fidelity import compare, full_reference, teacher_forced_log_probs
-from ragsnap.eval.niah import FIT_TOLERANCE, build_needles
+from ragsnap.eval.niah import build_needles
 from ragsnap.eval.report import fmt
 from ragsnap.generation import GenerationConfig
 from ragsnap.kv import derive_cache
@@ -177,7 +177,7 @@ def test_eval_needles_end_to_end(engine, tmp_path):
     full = runs[0]["metrics"]
     assert full["needle_kept_share"] == 1.0 and "needle_accuracy_length400" in full
     for r in records:
-        assert 400 - FIT_TOLERANCE <= r["prompt_tokens"] <= 400
+        assert 360 <= r["prompt_tokens"] <= 400
         assert 0.0 <= r["scores"]["needle_partial"] <= 1.0
         digits = re.findall(r"\d+", r["answer"])
         assert r["scores"]["needle_accuracy"] == float(r["gold_answers"][0] in digits)

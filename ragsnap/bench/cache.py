@@ -72,8 +72,11 @@ def sample_documents(tokenizer: Any, context: int) -> list[Any]:
             text = entry.read_text(encoding="utf-8").strip()
             texts.append((entry.name.removesuffix(".md"), text))
     # what the template, the question and the generation prompt take
-    frame = assemble_prompt(tokenizer, QUESTION_B, [], max_prompt_tokens=context)
-    room = context - frame.num_tokens
+    frame = max(
+        assemble_prompt(tokenizer, q, [], max_prompt_tokens=context).num_tokens
+        for q in (QUESTION_A, QUESTION_B)
+    )
+    room = context - frame
     documents: list[Document] = []
     used = 0
     while True:

@@ -161,7 +161,30 @@ def serialize_prefill(
         "dtype": _dtype_name(model_dtype),
         "storage_dtype": _dtype_name(storage_dtype or model_dtype),
     }
+    metadata["aliases"] = json.dumps(_share_once(tensors))
     return save(tensors, metadata=metadata)
+
+
+def _share_once(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Drop tensors that are the very same view as an earlier one (a decode bias that is the
+    kept layer's bias) and return ``{dropped: kept name}``; copy partial overlaps, which
+    safetensors refuses to write."""
+    seen: dict[int, tuple[str, tuple[Any, ...]]] = {}
+    aliases: dict[str, str] = {}
+    for name in list(tensors):
+        tensor = tensors[name]
+        if tensor.nbytes == 0:
+            continue
+        storage = tensor.untyped_storage().data_ptr()
+        view = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if storage in seen and seen[storage][1] == view:
+            aliases[name] = seen[storage][0]
+            del tensors[name]
+        elif storage in seen:
+            tensors[name] = tensor.clone()
+        else:
+            seen[storage] = (name, view)
+    return aliases
 
 
 def deserialize_prefill(
@@ -174,6 +197,9 @@ def deserialize_prefill(
     meta = read_metadata(payload)
     _check(meta, KIND_COMPRESSED, model_id, revision)
     tensors = _load_tensors(payload)
+    for alias, name in json.loads(meta.get("aliases", "{}")).items():
+        if name in tensors:
+            tensors[alias] = tensors[name]
     dtype = getattr(torch, meta["dtype"])
     try:
         layers = [

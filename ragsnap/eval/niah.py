@@ -70,7 +70,6 @@ _NOUNS = (
     "saddle",
     "tunnel",
 )
-FIT_TOLERANCE = 24  # a needle prompt is at most `length` tokens and at most this much shorter
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -168,39 +167,46 @@ def _build_one(
     needle_text = needle.needle.format(key=needle.key, value=needle.value)
     question = needle.question.format(key=needle.key, value=needle.value)
     prefix = needle.answer_prefix.format(key=needle.key, value=needle.value) if use_prefix else ""
-    target = length
-    best: tuple[int, list[Document]] | None = None  # (prompt tokens, documents), <= length
-    for _ in range(8):  # fit the prompt to the length (token counts are nearly additive)
-        chosen: list[_Sentence] = []
-        total, i = 0, start
-        while len(chosen) < len(haystack):
-            sentence = haystack[i % len(haystack)]
-            if total + sentence.tokens > target:
-                break
-            chosen.append(sentence)
-            total += sentence.tokens
-            i += 1
+
+    def build(count: int) -> tuple[int, list[Document]]:
+        """The prompt with the first ``count`` haystack sentences from ``start``."""
+        chosen = [haystack[(start + k) % len(haystack)] for k in range(count)]
+        total = sum(s.tokens for s in chosen)
         mark, cumulative = len(chosen), 0
         for k, sentence in enumerate(chosen):
             if cumulative >= depth / 100 * total:
                 mark = k
                 break
             cumulative += sentence.tokens
-        documents = _documents(chosen, chunk_tokens, needle_text, mark) if chosen else []
-        if not documents:
-            break
+        documents = _documents(chosen, chunk_tokens, needle_text, mark)
         layout = assemble_prompt(
             tokenizer, question, documents, max_prompt_tokens=10 * length, answer_prefix=prefix
         )
-        over = layout.num_tokens - length
-        if over <= 0 and (best is None or layout.num_tokens > best[0]):
-            best = (layout.num_tokens, documents)
-        if -FIT_TOLERANCE <= over <= 0:
-            break
-        target -= over if over > 0 else over // 2
-    if best is None:
+        return layout.num_tokens, documents
+
+    # start from the sentences that fit by their own counts, then drop from the end until the
+    # prompt fits, then add while it still fits: at most `length` tokens, short of it by less
+    # than one sentence and a document header
+    count, total = 0, 0
+    while (
+        count < len(haystack) and total + haystack[(start + count) % len(haystack)].tokens <= length
+    ):
+        total += haystack[(start + count) % len(haystack)].tokens
+        count += 1
+    tokens, documents = build(count) if count else (length + 1, [])
+    while tokens > length and count > 1:
+        over, drop = tokens - length, 0
+        while count > 1 and drop < over:
+            count -= 1
+            drop += haystack[(start + count) % len(haystack)].tokens
+        tokens, documents = build(count)
+    if tokens > length:
         raise ValueError(f"cannot fit a needle prompt into {length} tokens")
-    documents = best[1]
+    while count < len(haystack):
+        grown = build(count + 1)
+        if grown[0] > length:
+            break
+        count, (tokens, documents) = count + 1, grown
     holder = next(d for d in documents if needle_text in d.text)
     offset = holder.text.index(needle_text)
     return EvalItem(
