@@ -250,7 +250,7 @@ def test_the_default_press_is_cached_and_reuses_prefixes(engine, redis_server, n
     decode bias: it must survive the store, and its window must drive the prefix crop."""
     from ragsnap.compression import make_press
 
-    opts = options(press=make_press(budget=48, window=8), tokens=4)
+    opts = options(press=make_press(budget=48), tokens=4)  # the default window (32) > the tail
     eng = redis_engine(engine, redis_server.url)
     first, again = ask(eng, Q1, ns, opts), ask(eng, Q1, ns, opts)
     assert (first.stats["cache"], again.stats["cache"]) == ("miss", "hit")

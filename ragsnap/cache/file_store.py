@@ -64,9 +64,10 @@ class FileKVStore(KVStore):
     def exclusive(self, key: EntryKey, wait_s: float = 300.0) -> Iterator[None]:
         with self._local_lock(key, wait_s):
             stripe = int(key.digest[:8], 16) % _LOCK_STRIPES
+            lock: FileLock | None = None
             try:
                 self._ensure_dirs()
-                lock: FileLock | None = FileLock(str(self._locks / f"entry-{stripe:03d}.lock"))
+                lock = FileLock(str(self._locks / f"entry-{stripe:03d}.lock"))
                 lock.acquire(timeout=wait_s)
             except (Timeout, OSError) as exc:
                 logger.warning("file cache: no entry lock (%s); computing without it", exc)

@@ -157,7 +157,9 @@ class RedisKVStore(KVStore):
             logger.warning("redis cache: unreadable manifest for %s; deleting", base)
             self.delete(key)
             return None
-        chunks = self._call(lambda r: r.mget(self._chunk_keys(key, count))) if count else []
+        names = self._chunk_keys(key, count)
+        # decode_responses is off, so every value is bytes or None
+        chunks: list[Any] = self._call(lambda r: r.mget(names)) if count else []
         if any(c is None for c in chunks):
             logger.warning("redis cache: %s lost a chunk (evicted?); deleting", base)
             self.delete(key)
@@ -233,9 +235,11 @@ class RedisKVStore(KVStore):
         names = self._scan(namespace)
         entries = sum(1 for n in names if n.endswith(b":manifest"))
         for i in range(0, len(names), 500):
-            batch = names[i : i + 500]
-            self._call(lambda r, batch=batch: r.unlink(*batch))
+            self._unlink(names[i : i + 500])
         return entries
+
+    def _unlink(self, names: list[bytes]) -> None:
+        self._call(lambda r: r.unlink(*names))
 
     def stats(self, namespace: str | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"backend": "redis", "url": self.describe()}

@@ -106,7 +106,7 @@ class AttentionMatchingPress(Press):
     def compress(self, layer: LayerContext) -> CompressedLayer:
         kept = self.base.compress(layer)
         seq_len, n_kept = layer.seq_len, kept.indices.shape[-1]
-        window = min(getattr(self.base, "window", 32), seq_len)
+        window = min(getattr(self.base, "window", seq_len), seq_len)
         if n_kept >= seq_len or layer.hidden_states.shape[1] < window:
             return kept  # nothing dropped (or no window to refer to): already exact
         prefix, n_prefix = seq_len - window, n_kept - window

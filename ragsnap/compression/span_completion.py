@@ -47,6 +47,10 @@ class SpanCompletionPress(Press):
     def window_only(self) -> bool:  # type: ignore[override]
         return self.base.window_only
 
+    @property
+    def window(self) -> int:
+        return self.base.window
+
     def config(self) -> dict[str, Any]:
         return {**self.base.config(), "press": self.name, "max_word_tokens": self.max_word_tokens}
 
