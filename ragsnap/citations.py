@@ -56,5 +56,7 @@ def extract_citations(
         if 1 <= number <= len(documents):
             doc = documents[number - 1]
             share = None if keep_shares is None else round(keep_shares[number - 1], 4)
-            citations.append(Citation(index=number, doc_id=doc.id, title=doc.title, kept_share=share))
+            citations.append(
+                Citation(index=number, doc_id=doc.id, title=doc.title, kept_share=share)
+            )
     return citations

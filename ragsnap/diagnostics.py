@@ -19,7 +19,9 @@ from ragsnap.retrieval.prompt import PromptLayout, format_document
 def answer_positions(engine: RagSnapEngine, layout: PromptLayout, answer: str) -> list[int]:
     """Prompt positions of the tokens of every occurrence of ``answer`` in the documents."""
     positions: list[int] = []
-    for number, (document, (start, _)) in enumerate(zip(layout.documents, layout.doc_spans), 1):
+    for number, (document, (start, _)) in enumerate(
+        zip(layout.documents, layout.doc_spans, strict=True), 1
+    ):
         piece = format_document(number, document)
         encoded = engine.tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
         offsets = encoded["offset_mapping"]
@@ -80,11 +82,17 @@ def plot_retention(diagnoses: Sequence[Diagnosis], answer: str, path: Path) -> N
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(
-        1, len(diagnoses), figsize=(2.2 * len(diagnoses) + 1.5, 6), squeeze=False,
-        sharey=True, layout="constrained",
+        1,
+        len(diagnoses),
+        figsize=(2.2 * len(diagnoses) + 1.5, 6),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
     )
-    for ax, diagnosis in zip(axes[0], diagnoses):
-        image = ax.imshow(diagnosis.retention.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    for ax, diagnosis in zip(axes[0], diagnoses, strict=True):
+        image = ax.imshow(
+            diagnosis.retention.numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto"
+        )
         ax.set_title(f"{diagnosis.press}\nmean {diagnosis.retention.mean():.2f}", fontsize=9)
         ax.set_xlabel("KV head")
     axes[0][0].set_ylabel("layer")

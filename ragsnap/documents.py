@@ -59,7 +59,9 @@ def load_documents(paths: Iterable[str | Path]) -> list[Document]:
         try:
             content = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise InputError(f"cannot read {path} as UTF-8 text ({exc.__class__.__name__})") from exc
+            raise InputError(
+                f"cannot read {path} as UTF-8 text ({exc.__class__.__name__})"
+            ) from exc
         if suffix in TEXT_SUFFIXES:
             if not content.strip():
                 raise InputError(f"document file is empty: {path}", field="docs")

@@ -19,8 +19,8 @@ from ragsnap.compression.attention_bias import attention_bias, install_bias_atte
 from ragsnap.compression.words import word_starts
 from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
-from ragsnap.kv import cache_nbytes, derive_cache
 from ragsnap.generation import GenerationConfig, TokenSampler, stop_token_ids
+from ragsnap.kv import cache_nbytes, derive_cache
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
 from ragsnap.retrieval.prompt import PromptLayout, assemble_prompt
 
@@ -141,7 +141,10 @@ class RagSnapEngine:
     ) -> PromptLayout:
         budget = self.loaded.context_length - generation.max_new_tokens
         return assemble_prompt(
-            self.tokenizer, question, documents, max_prompt_tokens=budget,
+            self.tokenizer,
+            question,
+            documents,
+            max_prompt_tokens=budget,
             answer_prefix=answer_prefix,
         )
 
@@ -220,7 +223,9 @@ class RagSnapEngine:
             processed_tokens=len(input_ids) - start,
         )
 
-    def prefill_many(self, input_ids: Sequence[int], presses: Sequence[Press]) -> list[PrefillResult]:
+    def prefill_many(
+        self, input_ids: Sequence[int], presses: Sequence[Press]
+    ) -> list[PrefillResult]:
         """One prefill, several presses: each result has its own compressed cache.
 
         Prefill attention is full whatever the press, so the kept entries equal what a
@@ -313,7 +318,10 @@ class RagSnapEngine:
             prompt_tokens=layout.num_tokens,
             kept_tokens=prefill.kept_tokens,
             cache=report.status,
-            documents=[{"index": str(i + 1), "id": d.id, "title": d.title} for i, d in enumerate(layout.documents)],
+            documents=[
+                {"index": str(i + 1), "id": d.id, "title": d.title}
+                for i, d in enumerate(layout.documents)
+            ],
             dropped_doc_ids=layout.dropped_doc_ids,
             truncated_doc_ids=layout.truncated_doc_ids,
         )
@@ -374,7 +382,9 @@ class RagSnapEngine:
             "prefill_s": round(prefill.prefill_s, 4),
             "compress_s": round(prefill.compress_s, 4),
             "ttft_s": round(ttft if ttft is not None else time.perf_counter() - started, 4),
-            "decode_ms_per_token": round(1000 * timings.get("decode_s", 0.0) / steps, 3) if steps else None,
+            "decode_ms_per_token": round(1000 * timings.get("decode_s", 0.0) / steps, 3)
+            if steps
+            else None,
             "new_tokens": len(generated),
             "kv_bytes_full": prefill.kv_bytes_full,
             "kv_bytes_kept": prefill.kv_bytes_kept,

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import inspect
-import contextlib
 import io
 import logging
 from dataclasses import dataclass
@@ -54,7 +54,9 @@ def embedded_model_path() -> Path:
         )
     path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
     if not path.is_file():
-        raise ModelLoadError(f"the embedded model file {EMBEDDED_GGUF} is missing from {EMBEDDED_PACKAGE}")
+        raise ModelLoadError(
+            f"the embedded model file {EMBEDDED_GGUF} is missing from {EMBEDDED_PACKAGE}"
+        )
     return path
 
 
@@ -117,14 +119,18 @@ def load_model(
         kwargs["revision"] = revision
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            source, **({"gguf_file": gguf_file} if gguf_file else {}), **({"revision": revision} if revision else {})
+            source,
+            **({"gguf_file": gguf_file} if gguf_file else {}),
+            **({"revision": revision} if revision else {}),
         )
         # the GGUF dequantization progress bar (plain tqdm on stderr) would swamp the output
         verbose = logger.isEnabledFor(logging.INFO)
         with contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO()):
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError, ImportError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        first_line = (
+            str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        )
         raise ModelLoadError(f"cannot load model {name!r}: {first_line}") from exc
     model.to(target).eval()
     commit = getattr(model.config, "_commit_hash", None)

@@ -4,7 +4,6 @@ refitting a full budget is the identity, and a zero bias decodes exactly like pl
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ragsnap.compression import make_press
 from ragsnap.compression.attention_bias import attention_bias, biased_sdpa
@@ -52,7 +51,9 @@ class _Keep(Press):
         return CompressedLayer.gather(layer.keys, layer.values, indices)
 
 
-def _synthetic_layer(keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor) -> LayerContext:
+def _synthetic_layer(
+    keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor
+) -> LayerContext:
     """A LayerContext whose window queries are given (memoized), with no model behind it."""
 
     class Module(torch.nn.Module):
@@ -63,8 +64,13 @@ def _synthetic_layer(keys: torch.Tensor, values: torch.Tensor, queries: torch.Te
 
     window = queries.shape[2]
     layer = LayerContext(
-        layer_idx=0, num_layers=1, module=Module(), keys=keys, values=values,
-        hidden_states=torch.zeros(1, window, 4), position_embeddings=(torch.zeros(1), torch.zeros(1)),
+        layer_idx=0,
+        num_layers=1,
+        module=Module(),
+        keys=keys,
+        values=values,
+        hidden_states=torch.zeros(1, window, 4),
+        position_embeddings=(torch.zeros(1), torch.zeros(1)),
     )
     layer._memo[f"queries:{window}"] = queries
     return layer
@@ -107,9 +113,11 @@ def test_dropping_duplicate_keys_is_undone_exactly() -> None:
 def test_full_budget_compress_and_refit_is_the_identity() -> None:
     engine = tiny_engine("llama")
     prompt = random_prompt(48, seed=5)
-    [full, refit] = engine.prefill_many(prompt, [make_press("full"), make_press("ragsnap", budget=64, window=8)])
+    [full, refit] = engine.prefill_many(
+        prompt, [make_press("full"), make_press("ragsnap", budget=64, window=8)]
+    )
     assert not refit.bias
-    for a, b in zip(full.kept, refit.kept):
+    for a, b in zip(full.kept, refit.kept, strict=True):
         assert torch.equal(a.indices, b.indices)
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 

@@ -13,11 +13,16 @@ FILLER = "The committee met again to discuss the budget of the village library. 
 
 
 @pytest.mark.model
-def test_span_retention_is_one_with_the_full_cache_and_lower_when_compressed(engine, tmp_path) -> None:
+def test_span_retention_is_one_with_the_full_cache_and_lower_when_compressed(
+    engine, tmp_path
+) -> None:
     text = FILLER + "The access code for the archive is 90417. " + FILLER
     docs = [Document(id="a", title="Minutes", text=text)]
     positions, (full, snap) = diagnose(
-        engine, "What is the access code for the archive?", docs, "90417",
+        engine,
+        "What is the access code for the archive?",
+        docs,
+        "90417",
         [make_press("full"), make_press("snapkv", budget=64)],
     )
     assert len(positions) >= 2

@@ -17,14 +17,22 @@ def test_word_starts_follow_whitespace_on_the_embedded_tokenizer(engine) -> None
     pieces = engine.tokenizer.convert_ids_to_tokens(ids)
     starts = word_starts(engine.tokenizer, ids).tolist()
     words, current = [], ""
-    for piece, start in zip(pieces, starts):
+    for piece, start in zip(pieces, starts, strict=True):
         if start and current:
             words.append(current)
             current = ""
         current += engine.tokenizer.convert_tokens_to_string([piece])
     words.append(current)
     # every word the tokenizer produced begins at a whitespace boundary, digits stay together
-    assert [w.strip() for w in words] == ["The", "magic", "number", "is:", "7007071.", "Remember", "it"]
+    assert [w.strip() for w in words] == [
+        "The",
+        "magic",
+        "number",
+        "is:",
+        "7007071.",
+        "Remember",
+        "it",
+    ]
     assert words[4] == " 7007071."  # the lone space token opens the number's word
 
 
@@ -60,7 +68,7 @@ def test_a_kept_word_start_keeps_the_rest_of_its_word() -> None:
         recorder.armed = True
         engine.forward(prompt, cache, 0)
     changed = 0
-    for layer, snap_layer in zip(recorder.layer_results(0), plain.kept):
+    for layer, snap_layer in zip(recorder.layer_results(0), plain.kept, strict=True):
         assert layer.indices.shape == snap_layer.indices.shape  # same budget
         changed += int(not torch.equal(layer.indices, snap_layer.indices))
         for head in layer.indices[0]:

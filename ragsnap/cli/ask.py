@@ -21,13 +21,24 @@ from ragsnap.errors import InputError
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ask", help="answer a question over documents")
     parser.add_argument("--question", "-q", required=True)
-    parser.add_argument("--docs", nargs="+", default=[], metavar="PATH",
-                        help=".txt/.md files (one document each) or .jsonl files ({id, title, text} per line)")
-    parser.add_argument("--corpus", metavar="DIR",
-                        help="folder of .txt/.md/.jsonl files searched (BM25) for the question")
-    parser.add_argument("--top-k", type=int, default=4,
-                        help="passages taken from --corpus (default 4)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    parser.add_argument(
+        "--docs",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help=".txt/.md files (one document each) or .jsonl files ({id, title, text} per line)",
+    )
+    parser.add_argument(
+        "--corpus",
+        metavar="DIR",
+        help="folder of .txt/.md/.jsonl files searched (BM25) for the question",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=4, help="passages taken from --corpus (default 4)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of streaming"
+    )
     add_press_options(parser)
     add_generation_options(parser)
     add_model_options(parser)
@@ -84,8 +95,11 @@ def gather_documents(args: argparse.Namespace) -> list:  # type: ignore[type-arg
         found = BM25Index.from_directory(args.corpus).retrieve(args.question, args.top_k)
         documents += [d for d in found if d.id not in given]
     if not documents:
-        hint = "no passage of --corpus matches the question" if getattr(args, "corpus", None) else (
-            "give --docs PATH... or --corpus DIR")
+        hint = (
+            "no passage of --corpus matches the question"
+            if getattr(args, "corpus", None)
+            else ("give --docs PATH... or --corpus DIR")
+        )
         raise InputError(f"no documents: {hint}", field="docs")
     return documents
 

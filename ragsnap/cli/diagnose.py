@@ -16,8 +16,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--question", "-q", required=True)
     parser.add_argument("--docs", nargs="+", required=True, metavar="PATH")
     parser.add_argument("--answer", required=True, help="text that occurs in the documents")
-    parser.add_argument("--press", default="snapkv,wordspan,attnmatch,ragsnap",
-                        help="comma-separated presses to compare")
+    parser.add_argument(
+        "--press",
+        default="snapkv,wordspan,attnmatch,ragsnap",
+        help="comma-separated presses to compare",
+    )
     parser.add_argument("--budget", type=int, default=128)
     parser.add_argument("--out", type=Path, default=Path("span_retention.png"))
     add_model_options(parser)
@@ -35,10 +38,15 @@ def run(args: argparse.Namespace) -> int:
     engine = RagSnapEngine.load(args.model, device=args.device)
     positions, diagnoses = diagnose(engine, args.question, documents, args.answer, presses)
     plot_retention(diagnoses, args.answer, args.out)
-    print(json.dumps({
-        "answer_tokens": len(positions),
-        "budget": args.budget,
-        "presses": [d.summary() for d in diagnoses],
-        "png": str(args.out),
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "answer_tokens": len(positions),
+                "budget": args.budget,
+                "presses": [d.summary() for d in diagnoses],
+                "png": str(args.out),
+            },
+            indent=2,
+        )
+    )
     return 0

@@ -15,21 +15,30 @@ if TYPE_CHECKING:
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default="embedded",
+        "--model",
+        default="embedded",
         help="'embedded' (SmolLM2-135M-Instruct, bundled), a Hugging Face id, a directory or a .gguf file",
     )
-    parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1...")
+    parser.add_argument(
+        "--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1..."
+    )
 
 
 def add_press_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("compression")
     group.add_argument("--press", default=DEFAULT_PRESS, help=f"one of: {', '.join(PRESSES)}")
     size = group.add_mutually_exclusive_group()
-    size.add_argument("--budget", type=int, help="tokens kept per KV head, window included (default 512)")
+    size.add_argument(
+        "--budget", type=int, help="tokens kept per KV head, window included (default 512)"
+    )
     size.add_argument("--ratio", type=float, help="share of the prompt kept per KV head, in (0, 1]")
-    group.add_argument("--window", type=int, help="observation window: last prompt tokens that vote, always kept")
+    group.add_argument(
+        "--window", type=int, help="observation window: last prompt tokens that vote, always kept"
+    )
     group.add_argument("--kernel", type=int, help="pooling kernel (odd)")
-    group.add_argument("--pooling", choices=("max", "avg"), help="pooling of the votes along positions")
+    group.add_argument(
+        "--pooling", choices=("max", "avg"), help="pooling of the votes along positions"
+    )
 
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
@@ -67,14 +76,17 @@ def generation_from_args(args: argparse.Namespace) -> GenerationConfig:
 def add_cache_options(parser: argparse.ArgumentParser, *, prefix_flag: bool = True) -> None:
     group = parser.add_argument_group("cache")
     group.add_argument(
-        "--cache", metavar="URL|none",
+        "--cache",
+        metavar="URL|none",
         help="KV store: redis://..., rediss://..., unix://..., file://DIR or none "
         "(default: $RAGSNAP_CACHE_URL, else a file store under the user cache directory)",
     )
     group.add_argument("--namespace", default="default", help="cache namespace (tenant)")
     if prefix_flag:
         group.add_argument(
-            "--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+            "--prefix-cache",
+            action=argparse.BooleanOptionalAction,
+            default=True,
             help="also keep the full KV of the document prefix, so a new question over the "
             "same documents prefills only its own tokens",
         )

@@ -23,7 +23,14 @@ PRESSES: dict[str, Callable[..., Press]] = {
     "ragsnap": ragsnap_press,
     **{
         cls.name: cls
-        for cls in (FullPress, SnapKVPress, StreamingLLMPress, H2OPress, RandomPress, PyramidKVPress)
+        for cls in (
+            FullPress,
+            SnapKVPress,
+            StreamingLLMPress,
+            H2OPress,
+            RandomPress,
+            PyramidKVPress,
+        )
     },
     "wordspan": wordspan_press,
     "attnmatch": attnmatch_press,

@@ -19,7 +19,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-_ACTIVE_BIAS: ContextVar[Mapping[int, torch.Tensor] | None] = ContextVar("ragsnap_bias", default=None)
+_ACTIVE_BIAS: ContextVar[Mapping[int, torch.Tensor] | None] = ContextVar(
+    "ragsnap_bias", default=None
+)
 PREFIX = "ragsnap_"
 
 
@@ -63,7 +65,9 @@ def biased_sdpa(
         mask[..., kv_len - q_len :].masked_fill_(future, float("-inf"))
     if attention_mask is not None and attention_mask.dim() == 4:
         given = attention_mask[..., -kv_len:]
-        mask = mask.masked_fill(~given, float("-inf")) if given.dtype == torch.bool else mask + given
+        mask = (
+            mask.masked_fill(~given, float("-inf")) if given.dtype == torch.bool else mask + given
+        )
     out = F.scaled_dot_product_attention(
         query,
         key.repeat_interleave(group, dim=1),
@@ -99,7 +103,16 @@ def install_bias_attention(model: Any) -> str:
                     if original != "eager"  # each model has its own eager (softcapping...)
                     else sys.modules[type(module).__module__].eager_attention_forward
                 )
-                return inner(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+                return inner(
+                    module,
+                    query,
+                    key,
+                    value,
+                    attention_mask,
+                    scaling=scaling,
+                    dropout=dropout,
+                    **kwargs,
+                )
             return biased_sdpa(module, query, key, value, attention_mask, bias, scaling), None
 
         AttentionInterface.register(name, forward)

@@ -137,7 +137,9 @@ class AttentionMatchingPress(Press):
         refit = refit_values(weights, values[..., :n_prefix, :], residual, self.ridge)
 
         new_values = values.clone()
-        new_values[..., :n_prefix, :] = torch.where(free.unsqueeze(-1), refit, values[..., :n_prefix, :])
+        new_values[..., :n_prefix, :] = torch.where(
+            free.unsqueeze(-1), refit, values[..., :n_prefix, :]
+        )
         bias = torch.zeros(batch, heads, n_kept, dtype=torch.float32, device=kept.keys.device)
         bias[..., :n_prefix] = beta
         return CompressedLayer(

@@ -145,7 +145,9 @@ class CompressedLayer:
     exact: torch.Tensor | None = None  # [B, Hkv, n] bool
 
     @classmethod
-    def gather(cls, keys: torch.Tensor, values: torch.Tensor, indices: torch.Tensor) -> CompressedLayer:
+    def gather(
+        cls, keys: torch.Tensor, values: torch.Tensor, indices: torch.Tensor
+    ) -> CompressedLayer:
         """Keep ``indices`` (``[B, Hkv, n]``) of ``keys``/``values`` (``[B, Hkv, L, D]``)."""
         expanded = indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
         return cls(

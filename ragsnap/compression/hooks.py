@@ -27,7 +27,9 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
         if hasattr(m, "q_proj") and isinstance(getattr(m, "layer_idx", None), int)
     ]
     if not found:
-        raise RuntimeError(f"no attention modules with q_proj/layer_idx found in {type(model).__name__}")
+        raise RuntimeError(
+            f"no attention modules with q_proj/layer_idx found in {type(model).__name__}"
+        )
     return sorted(found, key=lambda m: m.layer_idx)
 
 

@@ -66,9 +66,13 @@ class SnapKVPress(ScorerPress):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.kernel < 1 or self.kernel % 2 == 0:
-            raise ConfigError(f"kernel must be a positive odd number, got {self.kernel}", field="kernel")
+            raise ConfigError(
+                f"kernel must be a positive odd number, got {self.kernel}", field="kernel"
+            )
         if self.pooling not in ("max", "avg"):
-            raise ConfigError(f"pooling must be 'max' or 'avg', got {self.pooling!r}", field="pooling")
+            raise ConfigError(
+                f"pooling must be 'max' or 'avg', got {self.pooling!r}", field="pooling"
+            )
 
     def score(self, layer: LayerContext) -> torch.Tensor:
         window = min(self.window, layer.seq_len)

@@ -66,8 +66,12 @@ class SpanCompletionPress(Press):
         completed = carry_forward(scores, segments, self.max_word_tokens)
         kept = keep_top(layer, completed, keep, self.base.window)
         # kept through completion: own score below the k-th best, carried score at or above it
-        threshold = completed.topk(keep - min(self.base.window, layer.seq_len), dim=-1).values[..., -1:]
-        boosted = torch.zeros(scores.shape[:2] + (layer.seq_len,), dtype=torch.bool, device=scores.device)
+        threshold = completed.topk(keep - min(self.base.window, layer.seq_len), dim=-1).values[
+            ..., -1:
+        ]
+        boosted = torch.zeros(
+            scores.shape[:2] + (layer.seq_len,), dtype=torch.bool, device=scores.device
+        )
         boosted[..., :prefix] = (scores < threshold) & (completed >= threshold)
         kept.exact = boosted.gather(-1, kept.indices)
         return kept

@@ -58,7 +58,9 @@ def format_document(index: int, document: Document) -> str:
 def _template_halves(tokenizer: Any, system: str) -> tuple[str, str]:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": _SENTINEL}]
     if getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
     else:  # base models: a plain layout
         rendered = f"{system}\n\n{_SENTINEL}\nAnswer:"
     before, _, after = rendered.partition(_SENTINEL)
