@@ -132,7 +132,7 @@ def load_model(
             str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         )
         raise ModelLoadError(f"cannot load model {name!r}: {first_line}") from exc
-    model.to(target).eval()
+    model.to(target).eval()  # type: ignore[arg-type]
     commit = getattr(model.config, "_commit_hash", None)
     logger.info("loaded %s on %s (%s, %s)", model_id, target, attn, torch_dtype)
     return LoadedModel(

@@ -14,11 +14,10 @@ from __future__ import annotations
 import math
 import sys
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch import nn
 
 from ragsnap.errors import ConfigError
 
@@ -34,7 +33,7 @@ def _default_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
 
 
 def project_queries(
-    module: nn.Module,
+    module: Any,
     hidden_states: torch.Tensor,
     position_embeddings: tuple[torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
@@ -77,7 +76,7 @@ class LayerContext:
 
     layer_idx: int
     num_layers: int
-    module: nn.Module
+    module: Any  # the attention nn.Module (q_proj, head_dim, config, optional q_norm)
     keys: torch.Tensor  # [B, Hkv, L, D], RoPE applied
     values: torch.Tensor  # [B, Hkv, L, D]
     hidden_states: torch.Tensor  # [B, q, hidden]
@@ -171,7 +170,7 @@ class Press(ABC):
 
     def config(self) -> dict[str, Any]:
         """The press name and hyper-parameters: part of the cache key and of every report."""
-        values = asdict(self) if hasattr(self, "__dataclass_fields__") else {}
+        values: dict[str, Any] = asdict(self) if is_dataclass(self) else {}
         return {"press": self.name, **values}
 
 

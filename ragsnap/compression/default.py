@@ -6,11 +6,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from ragsnap.compression.attention_matching import AttentionMatchingPress
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.compression.span_completion import SpanCompletionPress
+
+
+@dataclass
+class RagSnapPress(AttentionMatchingPress):
+    """Attention Matching over word-completed SnapKV selection (built by :func:`ragsnap_press`)."""
+
+    name = "ragsnap"
 
 
 def wordspan_press(
@@ -49,13 +57,11 @@ def ragsnap_press(
     max_word_tokens: int = 12,
     ridge: float = 1.0,
     mass_iterations: int = 30,
-) -> AttentionMatchingPress:
+) -> RagSnapPress:
     """The default: SnapKV scores, word completion, then Attention Matching.
 
     Values of tokens kept only through word completion are left exact (the refit would
     otherwise blur digits of a kept number at small budgets).
     """
     spans = wordspan_press(budget, ratio, window, kernel, pooling, max_word_tokens)
-    press = AttentionMatchingPress(base=spans, ridge=ridge, mass_iterations=mass_iterations)
-    press.name = "ragsnap"
-    return press
+    return RagSnapPress(base=spans, ridge=ridge, mass_iterations=mass_iterations)

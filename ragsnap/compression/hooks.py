@@ -19,9 +19,9 @@ from torch import nn
 from ragsnap.compression.base import CompressedLayer, LayerContext, Press
 
 
-def attention_modules(model: nn.Module) -> list[nn.Module]:
+def attention_modules(model: nn.Module) -> list[Any]:
     """The self-attention modules of a decoder, in layer order (those with ``q_proj`` and ``layer_idx``)."""
-    found = [
+    found: list[Any] = [
         m
         for m in model.modules()
         if hasattr(m, "q_proj") and isinstance(getattr(m, "layer_idx", None), int)
@@ -30,7 +30,7 @@ def attention_modules(model: nn.Module) -> list[nn.Module]:
         raise RuntimeError(
             f"no attention modules with q_proj/layer_idx found in {type(model).__name__}"
         )
-    return sorted(found, key=lambda m: m.layer_idx)
+    return sorted(found, key=lambda m: int(m.layer_idx))
 
 
 def _cache_from(kwargs: dict[str, Any]) -> Any:
@@ -77,24 +77,25 @@ class CompressionRecorder:
         res = self.results[press_index]
         return {i: c.bias for i, c in res.items() if c.bias is not None}
 
-    def hook(self, module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+    def hook(self, module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         if not self.armed:
             return
         cache = _cache_from(kwargs)
-        layer_cache = cache.layers[module.layer_idx]
+        layer_idx = int(module.layer_idx)
+        layer_cache = cache.layers[layer_idx]
         hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-        total = cache.get_seq_length(module.layer_idx)
+        total = cache.get_seq_length(layer_idx)
         keys, values = layer_cache.keys, layer_cache.values
         self.bytes_seen += keys.nbytes + values.nbytes
         if getattr(layer_cache, "is_sliding", False) or keys.shape[-2] != total:
             # A sliding-window layer already bounds its own cache (Gemma3, Mistral SWA), and
             # its masks count positions (cumulative_length), so evicting from it, even before
             # it slides, breaks decoding: leave it whole.
-            self.skipped_layers.add(module.layer_idx)
+            self.skipped_layers.add(layer_idx)
             return
         started = time.perf_counter()
         context = LayerContext(
-            layer_idx=module.layer_idx,
+            layer_idx=layer_idx,
             num_layers=self.num_layers,
             module=module,
             keys=keys,
@@ -106,10 +107,10 @@ class CompressionRecorder:
         with torch.no_grad():
             for i, press in enumerate(self.presses):
                 press_started = time.perf_counter()
-                self.results[i][module.layer_idx] = press.compress(context)
+                self.results[i][layer_idx] = press.compress(context)
                 self.press_seconds[i] += time.perf_counter() - press_started
             if self.apply:
-                kept = self.results[0][module.layer_idx]
+                kept = self.results[0][layer_idx]
                 layer_cache.keys, layer_cache.values = kept.keys, kept.values
         if keys.is_cuda:
             torch.cuda.synchronize(keys.device)
