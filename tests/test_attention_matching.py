@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ragsnap.compression import make_press
-from ragsnap.compression.attention_bias import attention_bias, biased_sdpa
+from ragsnap.compression.attention_bias import biased_sdpa
 from ragsnap.compression.attention_matching import (
     AttentionMatchingPress,
     fit_mass_weights,
@@ -158,5 +158,3 @@ def test_biased_sdpa_matches_a_written_out_softmax() -> None:
     out = biased_sdpa(None, q, k, v, None, bias, scaling=1.0)  # [1, q, Hq, D]
     expected = _attention(q, k, v, bias)
     assert torch.allclose(out.transpose(1, 2), expected, atol=1e-5)
-    with attention_bias(None):  # no bias -> nothing active
-        pass
