@@ -42,13 +42,16 @@ class _Keep(Press):
 
     name = "fixed"
 
-    def __init__(self, prefix: list[int], window: int) -> None:
-        self.prefix, self.window = prefix, window
+    def __init__(self, prefix: list[int], window: int, exact: tuple[int, ...] = ()) -> None:
+        self.prefix, self.window, self.exact = prefix, window, exact
 
     def compress(self, layer: LayerContext) -> CompressedLayer:
         positions = self.prefix + list(range(layer.seq_len - self.window, layer.seq_len))
         indices = torch.tensor(positions).expand(1, layer.num_kv_heads, -1)
-        return CompressedLayer.gather(layer.keys, layer.values, indices)
+        kept = CompressedLayer.gather(layer.keys, layer.values, indices)
+        if self.exact:
+            kept.exact = torch.isin(indices, torch.tensor(self.exact))
+        return kept
 
 
 def _synthetic_layer(
@@ -138,6 +141,22 @@ def test_refit_brings_the_reference_queries_closer_to_the_full_output() -> None:
     loose = AttentionMatchingPress(base=selection, ridge=0.01).compress(layer)
     error_loose = (_attention(queries, loose.keys, loose.values, loose.bias) - full).norm()
     assert error_loose < error_matched
+
+
+def test_entries_marked_exact_get_no_bias_and_keep_their_values() -> None:
+    torch.manual_seed(5)
+    keys, values = torch.randn(1, 2, 64, 16), torch.randn(1, 2, 64, 16)
+    layer = _synthetic_layer(keys, values, torch.randn(1, 4, 8, 16) * 2)
+    prefix = list(range(0, 56, 4))
+    out = AttentionMatchingPress(base=_Keep(prefix, window=8, exact=(8, 12))).compress(layer)
+    assert out.bias is not None and out.exact is not None
+    exact = out.exact[..., : len(prefix)]
+    assert exact.sum() == 4  # positions 8 and 12 in both KV heads
+    assert torch.equal(out.bias[..., : len(prefix)][exact], torch.zeros(4))
+    assert torch.equal(out.values[..., : len(prefix), :][exact], values[:, :, [8, 12]].flatten(0, 2))
+    free = ~exact
+    assert (out.bias[..., : len(prefix)][free].abs() > 1e-3).any()
+    assert not torch.allclose(out.values[..., : len(prefix), :][free], values[:, :, prefix][free])
 
 
 def test_zero_bias_decodes_exactly_like_plain_sdpa() -> None:

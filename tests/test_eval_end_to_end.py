@@ -93,7 +93,14 @@ def check_consistency(out, expected_items):
     header = report.split("## Metrics")[1].splitlines()[2]
     columns = [c.strip() for c in header.strip("|").split("|")]
     for run in runs:
-        assert set(run) == {"press", "budget", "n", "metrics", "retention", "timings"}
+        expected = {"press", "budget", "n", "metrics", "retention", "timings"}
+        if run["press"] not in ("full", "snapkv"):  # paired with snapkv at its budget
+            expected.add("versus")
+            assert run["versus"]["n"] == expected_items
+            assert f"| {run['press']} | {run['budget']} | {expected_items} |" in (
+                report.split("## Against snapkv at the same budget")[1]
+            )
+        assert set(run) == expected
         mine = [r for r in records if r["press"] == run["press"] and r["budget"] == run["budget"]]
         assert run["n"] == len(mine) == expected_items
         for key in ("accuracy", "agreement", "kl", "gold_kept_share"):

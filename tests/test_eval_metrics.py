@@ -162,3 +162,26 @@ def test_runs_average_items_and_retention_uses_the_same_items():
     # random only ran on item "a", where the full cache scored 1.0
     assert by[("random", 50)]["n"] == 1 and by[("random", 50)]["retention"]["accuracy"] == 0.0
     assert by[("snapkv", 50)]["metrics"]["kv_kept_share"] == 0.5
+
+
+def test_versus_pairs_items_with_the_baseline_at_the_same_budget():
+    records = [
+        _record("a", "snapkv", 50, 0.0, 0.4),
+        _record("b", "snapkv", 50, 1.0, 0.2),
+        _record("a", "snapkv", 80, 1.0, 0.1),
+        _record("a", "ragsnap", 50, 1.0, 0.1),
+        _record("b", "ragsnap", 50, 0.0, 0.2),
+        _record("c", "ragsnap", 50, 1.0, 9.0),  # no snapkv record for "c": not paired
+        _record("a", "ragsnap", 80, 1.0, 0.3),
+    ]
+    runs = build_runs(records, [("snapkv", 50), ("snapkv", 80), ("ragsnap", 50), ("ragsnap", 80)])
+    by = {(r["press"], r["budget"]): r for r in runs}
+    assert "versus" not in by[("snapkv", 50)]
+    at50 = by[("ragsnap", 50)]["versus"]
+    assert at50["baseline"] == "snapkv" and at50["n"] == 2
+    assert at50["kl_ratio"] == pytest.approx(0.15 / 0.3)
+    assert (at50["kl_lower"], at50["kl_higher"]) == (1, 0)
+    assert (at50["accuracy_won"], at50["accuracy_lost"]) == (1, 1)
+    at80 = by[("ragsnap", 80)]["versus"]
+    assert at80["kl_ratio"] == pytest.approx(3.0) and at80["kl_higher"] == 1
+    assert "versus" not in build_runs(records, [("ragsnap", 50)], baseline="h2o")[0]

@@ -9,7 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ragsnap.compression.attention_matching import AttentionMatchingPress
+from ragsnap.compression.attention_matching import (
+    DEFAULT_MASS_ITERATIONS,
+    DEFAULT_RIDGE,
+    AttentionMatchingPress,
+)
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.compression.span_completion import SpanCompletionPress
 
@@ -40,8 +44,8 @@ def attnmatch_press(
     window: int = 32,
     kernel: int = 7,
     pooling: Literal["max", "avg"] = "max",
-    ridge: float = 1.0,
-    mass_iterations: int = 30,
+    ridge: float = DEFAULT_RIDGE,
+    mass_iterations: int = DEFAULT_MASS_ITERATIONS,
 ) -> AttentionMatchingPress:
     """SnapKV selection with the Attention Matching bias and value refit."""
     snap = SnapKVPress(budget=budget, ratio=ratio, window=window, kernel=kernel, pooling=pooling)
@@ -55,8 +59,8 @@ def ragsnap_press(
     kernel: int = 7,
     pooling: Literal["max", "avg"] = "max",
     max_word_tokens: int = 12,
-    ridge: float = 1.0,
-    mass_iterations: int = 30,
+    ridge: float = DEFAULT_RIDGE,
+    mass_iterations: int = DEFAULT_MASS_ITERATIONS,
 ) -> RagSnapPress:
     """The default: SnapKV scores, word completion, then Attention Matching.
 

@@ -100,20 +100,59 @@ def timings(records: Sequence[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def versus(
+    group: Sequence[dict[str, Any]], baseline: dict[str, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """Paired comparison of one run with the baseline press at the same budget.
+
+    ``baseline`` maps item id -> the baseline's record. Returns the number of paired items,
+    the ratio of mean KLs (None when the baseline's is 0), and per-item counts of lower /
+    higher KL and of accuracy and agreement won / lost; None when no item pairs.
+    """
+    pairs = [
+        (r["scores"], baseline[r["item_id"]]["scores"]) for r in group if r["item_id"] in baseline
+    ]
+    if not pairs:
+        return None
+    out: dict[str, Any] = {"n": len(pairs)}
+    kls = [
+        (s["kl"], b["kl"]) for s, b in pairs if s.get("kl") is not None and b.get("kl") is not None
+    ]
+    if kls:
+        base_kl = fmean(b for _, b in kls)
+        out["kl_ratio"] = round(fmean(s for s, _ in kls) / base_kl, 6) if base_kl else None
+        out["kl_lower"] = sum(s < b for s, b in kls)
+        out["kl_higher"] = sum(s > b for s, b in kls)
+    for key in ("accuracy", "agreement"):
+        scored = [
+            (s[key], b[key]) for s, b in pairs if s.get(key) is not None and b.get(key) is not None
+        ]
+        if scored:
+            out[f"{key}_won"] = sum(s > b for s, b in scored)
+            out[f"{key}_lost"] = sum(s < b for s, b in scored)
+    return out
+
+
 def build_runs(
-    records: Sequence[dict[str, Any]], points: Sequence[tuple[str, int | None]]
+    records: Sequence[dict[str, Any]],
+    points: Sequence[tuple[str, int | None]],
+    baseline: str = "snapkv",
 ) -> list[dict[str, Any]]:
     """One run per (press, budget) in ``points`` order that has records.
 
     Retention divides each score by the full cache's score over the same items (None when
-    the full cache scores 0 there).
+    the full cache scores 0 there). When ``baseline`` ran too, every other compressed run
+    gets ``versus``: a paired comparison with it at the same budget (:func:`versus`).
     """
     by_point: dict[tuple[str, int | None], list[dict[str, Any]]] = defaultdict(list)
     full_by_item: dict[str, dict[str, Any]] = {}
+    baseline_by_budget: dict[int | None, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in records:
         by_point[(r["press"], r.get("budget"))].append(r)
         if r["press"] == "full":
             full_by_item[r["item_id"]] = r
+        elif r["press"] == baseline:
+            baseline_by_budget[r.get("budget")][r["item_id"]] = r
     runs = []
     for press, budget in points:
         group = sorted(by_point.get((press, budget), []), key=lambda r: r["item_id"])
@@ -130,16 +169,19 @@ def build_runs(
             if key in metrics:
                 base = reference.get(key)
                 retention[key] = round(metrics[key] / base, 6) if base else None
-        runs.append(
-            {
-                "press": press,
-                "budget": budget,
-                "n": len(group),
-                "metrics": metrics,
-                "retention": retention,
-                "timings": timings(group),
-            }
-        )
+        run = {
+            "press": press,
+            "budget": budget,
+            "n": len(group),
+            "metrics": metrics,
+            "retention": retention,
+            "timings": timings(group),
+        }
+        if press not in ("full", baseline):
+            paired = versus(group, baseline_by_budget.get(budget, {}))
+            if paired is not None:
+                run["versus"] = {"baseline": baseline, **paired}
+        runs.append(run)
     return runs
 
 

@@ -69,6 +69,34 @@ def _table(
     return lines
 
 
+def _pair(values: dict[str, Any], first: str, second: str) -> str:
+    return f"{values[first]} / {values[second]}" if first in values else "-"
+
+
+def _versus_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Paired comparison with the baseline press at the same budget (empty when none ran)."""
+    paired = [r for r in runs if "versus" in r]
+    if not paired:
+        return []
+    baseline = paired[0]["versus"]["baseline"]
+    lines = [
+        f"## Against {baseline} at the same budget (paired items)",
+        "",
+        "| press | budget | n | KL ratio | KL lower / higher | accuracy won / lost "
+        "| agreement won / lost |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in paired:
+        v = run["versus"]
+        lines.append(
+            f"| {run['press']} | {budget_label(run['budget'])} | {v['n']} | "
+            f"{fmt(v.get('kl_ratio'))} | {_pair(v, 'kl_lower', 'kl_higher')} "
+            f"| {_pair(v, 'accuracy_won', 'accuracy_lost')} "
+            f"| {_pair(v, 'agreement_won', 'agreement_lost')} |"
+        )
+    return lines + [""]
+
+
 def write_report(
     out_dir: Path,
     runs: list[dict[str, Any]],
@@ -77,7 +105,8 @@ def write_report(
     malformed: Sequence[Malformed],
     plots: Sequence[str],
 ) -> Path:
-    """``report.md``: settings, the metrics table, retention, needles by length, timings."""
+    """``report.md``: settings, the metrics table, retention, needles by length, the paired
+    comparison with the baseline press, timings."""
     lines = ["# ragsnap eval report", ""]
     lines += [f"- {key}: {value}" for key, value in header.items()]
     items = len({r["item_id"] for r in records})
@@ -102,6 +131,7 @@ def write_report(
     if lengths:
         cols = [(f"needle_accuracy_length{n}", f"{n} tokens") for n in lengths]
         lines += ["## Needle accuracy by prompt length", ""] + _table(runs, cols, "metrics") + [""]
+    lines += _versus_table(runs)
     timing_cols = [
         ("prefill_s", "prefill s (shared)"),
         ("compress_s", "compress s"),
