@@ -153,7 +153,9 @@ def test_entries_marked_exact_get_no_bias_and_keep_their_values() -> None:
     exact = out.exact[..., : len(prefix)]
     assert exact.sum() == 4  # positions 8 and 12 in both KV heads
     assert torch.equal(out.bias[..., : len(prefix)][exact], torch.zeros(4))
-    assert torch.equal(out.values[..., : len(prefix), :][exact], values[:, :, [8, 12]].flatten(0, 2))
+    assert torch.equal(
+        out.values[..., : len(prefix), :][exact], values[:, :, [8, 12]].flatten(0, 2)
+    )
     free = ~exact
     assert (out.bias[..., : len(prefix)][free].abs() > 1e-3).any()
     assert not torch.allclose(out.values[..., : len(prefix), :][free], values[:, :, prefix][free])

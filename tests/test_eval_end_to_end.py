@@ -97,8 +97,9 @@ def check_consistency(out, expected_items):
         if run["press"] not in ("full", "snapkv"):  # paired with snapkv at its budget
             expected.add("versus")
             assert run["versus"]["n"] == expected_items
-            assert f"| {run['press']} | {run['budget']} | {expected_items} |" in (
-                report.split("## Against snapkv at the same budget")[1]
+            assert (
+                f"| {run['press']} | {run['budget']} | {expected_items} |"
+                in (report.split("## Against snapkv at the same budget")[1])
             )
         assert set(run) == expected
         mine = [r for r in records if r["press"] == run["press"] and r["budget"] == run["budget"]]

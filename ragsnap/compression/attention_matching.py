@@ -27,8 +27,8 @@ from ragsnap.compression.base import CompressedLayer, LayerContext, Press
 from ragsnap.compression.snapkv import SnapKVPress, window_attention
 from ragsnap.errors import ConfigError
 
-# Ridge strength relative to the mean squared attention weight of a reference query: chosen
-# on 6 HotpotQA + 6 BioASQ factoid items (KL at budgets 128-512 for 0.003-1.0; see README).
+# Ridge strength relative to the reference queries' attention energy (see refit_values),
+# chosen on 6 HotpotQA + 6 BioASQ factoid items (KL at budgets 128-512, 0.003-1.0; README).
 DEFAULT_RIDGE = 0.03
 DEFAULT_MASS_ITERATIONS = 30
 
