@@ -179,3 +179,11 @@ def test_biased_sdpa_matches_a_written_out_softmax() -> None:
     out = biased_sdpa(None, q, k, v, None, bias, scaling=1.0)  # [1, q, Hq, D]
     expected = _attention(q, k, v, bias)
     assert torch.allclose(out.transpose(1, 2), expected, atol=1e-5)
+
+
+def test_wrapping_presses_expose_the_window_a_prefix_hit_must_recompute() -> None:
+    from ragsnap.cache.cached_prefill import window_floor
+
+    for name in ("attnmatch", "ragsnap", "wordspan", "snapkv"):
+        assert window_floor(make_press(name, budget=64, window=8)) == 8
+    assert AttentionMatchingPress(base=make_press("full")).window == 0

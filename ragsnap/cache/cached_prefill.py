@@ -63,15 +63,8 @@ class CacheReport:
 
 
 def window_floor(press: Press) -> int:
-    """Positions the final forward pass must cover for ``press`` (its observation window;
-    wrapping presses such as Attention Matching hold the window in their ``base``)."""
-    current: Any = press
-    while current is not None:
-        window = getattr(current, "window", None)
-        if isinstance(window, int):
-            return max(1, window)
-        current = getattr(current, "base", None)
-    return 1
+    """Positions the final forward pass must cover for ``press`` (its observation window)."""
+    return max(1, int(getattr(press, "window", 1) or 1))
 
 
 class CachedPrefill:

@@ -101,6 +101,11 @@ class AttentionMatchingPress(Press):
     def window_only(self) -> bool:  # type: ignore[override]
         return self.base.window_only
 
+    @property
+    def window(self) -> int:
+        """The base press's observation window: the reference queries, kept exact (0: none)."""
+        return int(getattr(self.base, "window", 0))
+
     def config(self) -> dict[str, Any]:
         return {
             **self.base.config(),
@@ -112,8 +117,8 @@ class AttentionMatchingPress(Press):
     def compress(self, layer: LayerContext) -> CompressedLayer:
         kept = self.base.compress(layer)
         seq_len, n_kept = layer.seq_len, kept.indices.shape[-1]
-        window = min(getattr(self.base, "window", seq_len), seq_len)
-        if n_kept >= seq_len or layer.hidden_states.shape[1] < window:
+        window = min(self.window, seq_len)
+        if n_kept >= seq_len or not window or layer.hidden_states.shape[1] < window:
             return kept  # nothing dropped (or no window to refer to): already exact
         prefix, n_prefix = seq_len - window, n_kept - window
         batch, heads = layer.keys.shape[:2]

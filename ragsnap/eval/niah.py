@@ -187,18 +187,19 @@ def _build_one(
     # start from the sentences that fit by their own counts, then drop from the end until the
     # prompt fits, then add while it still fits: at most `length` tokens, short of it by less
     # than one sentence and a document header
+    def size(k: int) -> int:
+        return haystack[(start + k) % len(haystack)].tokens
+
     count, total = 0, 0
-    while (
-        count < len(haystack) and total + haystack[(start + count) % len(haystack)].tokens <= length
-    ):
-        total += haystack[(start + count) % len(haystack)].tokens
+    while count < len(haystack) and total + size(count) <= length:
+        total += size(count)
         count += 1
     tokens, documents = build(count) if count else (length + 1, [])
     while tokens > length and count > 1:
         over, drop = tokens - length, 0
         while count > 1 and drop < over:
             count -= 1
-            drop += haystack[(start + count) % len(haystack)].tokens
+            drop += size(count)
         tokens, documents = build(count)
     if tokens > length:
         raise ValueError(f"cannot fit a needle prompt into {length} tokens")
