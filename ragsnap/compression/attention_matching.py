@@ -78,7 +78,9 @@ def refit_values(
     scale = gram.diagonal(dim1=-2, dim2=-1).mean(-1, keepdim=True).clamp_min(1e-12)
     eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
     system = gram + (ridge * scale).unsqueeze(-1) * eye
-    delta = weights.transpose(-1, -2) @ torch.linalg.solve(system, residual)
+    # the system is symmetric positive definite (lam > 0): Cholesky. torch 2.13's CPU LU
+    # (linalg.solve) intermittently fails with "pivots ... >= 1" on systems over ~128 rows.
+    delta = weights.transpose(-1, -2) @ torch.cholesky_solve(residual, torch.linalg.cholesky(system))
     return values + delta
 
 
