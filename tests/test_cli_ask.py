@@ -149,6 +149,10 @@ def test_ask_streams_the_answer_then_a_summary(engine, docs, capsys, monkeypatch
         ),
         (["-q", "Why?", "--docs", "BAD_JSONL"], "bad.jsonl:2: not valid JSON"),
         (["-q", "Why?"], "no documents"),
+        (
+            ["-q", "Why?", "--docs", "DOC", "--layer-profile", "MISSING"],
+            "layer profile not found: MISSING",
+        ),
     ],
 )
 def test_ask_bad_input_is_one_clear_line(tmp_path, capsys, no_model_load, argv, message) -> None:

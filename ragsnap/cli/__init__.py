@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ragsnap.errors import RagSnapError
 
 # subcommand modules, imported lazily so `ragsnap --help` stays fast
-SUBCOMMANDS = ("ask", "bench", "eval", "cache", "serve", "diagnose")
+SUBCOMMANDS = ("ask", "bench", "eval", "calibrate", "cache", "serve", "diagnose")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,6 +39,11 @@ def add_press_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--pooling", choices=("max", "avg"), help="pooling of the votes along positions"
     )
+    group.add_argument(
+        "--layer-profile",
+        help="ragsnap / layerbudget: 'auto' (packaged profile), 'uniform', or a profile JSON "
+        "from 'ragsnap calibrate'",
+    )
 
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +61,7 @@ def press_from_args(args: argparse.Namespace) -> Press:
         "window": args.window,
         "kernel": args.kernel,
         "pooling": args.pooling,
+        "profile": args.layer_profile,
     }
     if args.press == "full":
         return make_press("full")

@@ -12,6 +12,7 @@ from ragsnap.compression.default import attnmatch_press, ragsnap_press, wordspan
 from ragsnap.compression.full import FullPress
 from ragsnap.compression.h2o import H2OPress
 from ragsnap.compression.hooks import compression_hooks
+from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
 from ragsnap.compression.pyramidkv import PyramidKVPress
 from ragsnap.compression.random_press import RandomPress
 from ragsnap.compression.snapkv import SnapKVPress
@@ -30,6 +31,7 @@ PRESSES: dict[str, Callable[..., Press]] = {
             H2OPress,
             RandomPress,
             PyramidKVPress,
+            LayerBudgetSnapKVPress,
         )
     },
     "wordspan": wordspan_press,

@@ -80,7 +80,9 @@ def refit_values(
     system = gram + (ridge * scale).unsqueeze(-1) * eye
     # the system is symmetric positive definite (lam > 0): Cholesky. torch 2.13's CPU LU
     # (linalg.solve) intermittently fails with "pivots ... >= 1" on systems over ~128 rows.
-    delta = weights.transpose(-1, -2) @ torch.cholesky_solve(residual, torch.linalg.cholesky(system))
+    delta = weights.transpose(-1, -2) @ torch.cholesky_solve(
+        residual, torch.linalg.cholesky(system)
+    )
     return values + delta
 
 

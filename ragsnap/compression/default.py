@@ -1,7 +1,8 @@
 """Composite presses: span completion and Attention Matching over SnapKV selection.
 
-``ragsnap`` (the default) = SnapKV scores -> word completion -> Attention Matching refit.
-``wordspan`` and ``attnmatch`` are each piece alone, for ablations.
+``ragsnap`` (the default) = SnapKV scores with profiled layer budgets -> word completion
+-> Attention Matching refit. ``layerbudget``, ``wordspan`` and ``attnmatch`` are each
+piece alone, for ablations.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from ragsnap.compression.attention_matching import (
     DEFAULT_RIDGE,
     AttentionMatchingPress,
 )
+from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.compression.span_completion import SpanCompletionPress
 
 
 @dataclass
 class RagSnapPress(AttentionMatchingPress):
-    """Attention Matching over word-completed SnapKV selection (built by :func:`ragsnap_press`)."""
+    """Attention Matching over word-completed, layer-budgeted SnapKV selection (see :func:`ragsnap_press`)."""
 
     name = "ragsnap"
 
@@ -61,11 +63,17 @@ def ragsnap_press(
     max_word_tokens: int = 12,
     ridge: float = DEFAULT_RIDGE,
     mass_iterations: int = DEFAULT_MASS_ITERATIONS,
+    profile: str = "auto",
 ) -> RagSnapPress:
-    """The default: SnapKV scores, word completion, then Attention Matching.
+    """The default: SnapKV scores under profiled layer budgets, word completion, then
+    Attention Matching.
 
-    Values of tokens kept only through word completion are left exact (the refit would
-    otherwise blur digits of a kept number at small budgets).
+    Layer budgets follow the model's packaged sensitivity profile (``profile="auto"``;
+    uniform for a model without one). Values of tokens kept only through word completion
+    are left exact (the refit would otherwise blur digits of a kept number at small budgets).
     """
-    spans = wordspan_press(budget, ratio, window, kernel, pooling, max_word_tokens)
+    snap = LayerBudgetSnapKVPress(
+        budget=budget, ratio=ratio, window=window, kernel=kernel, pooling=pooling, profile=profile
+    )
+    spans = SpanCompletionPress(base=snap, max_word_tokens=max_word_tokens)
     return RagSnapPress(base=spans, ridge=ridge, mass_iterations=mass_iterations)

@@ -59,7 +59,7 @@ class SpanCompletionPress(Press):
         if layer.seq_len <= keep:
             return keep_all(layer)
         scores = self.base.score(layer)  # [B, Hkv, L - w]
-        if layer.word_starts is None:
+        if layer.word_starts is None or keep <= self.base.window:  # no words, or only the window
             return keep_top(layer, scores, keep, self.base.window)
         prefix = scores.shape[-1]
         segments = segment_ids(layer.word_starts[:prefix], self.max_word_tokens)
