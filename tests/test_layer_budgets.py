@@ -139,16 +139,16 @@ def _item(name: str, question: str, text: str) -> EvalItem:
 
 @pytest.mark.model
 def test_calibration_measures_per_layer_kl_and_extends_a_profile(engine) -> None:
-    generation = GenerationConfig(max_new_tokens=6, temperature=0.0)
+    generation = GenerationConfig(max_new_tokens=4, temperature=0.0)
     tides = _item(
         "tides",
         "What causes tides?",
-        "Tides are caused mainly by the gravity of the Moon pulling on the oceans. " * 6,
+        "Tides are caused mainly by the gravity of the Moon pulling on the oceans. " * 4,
     )
     bees = _item(
         "bees",
         "How do honeybees tell others where food is?",
-        "Honeybees perform a waggle dance whose angle points to the food source. " * 6,
+        "Honeybees perform a waggle dance whose angle points to the food source. " * 4,
     )
     layers = engine.model.config.num_hidden_layers
     whole = item_layer_kl(engine, tides, generation, budget=4096)
