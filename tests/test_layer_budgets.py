@@ -32,6 +32,10 @@ def test_split_budget_keeps_the_uniform_total_and_follows_the_shares() -> None:
         parts = split_budget(free, shares)
         assert sum(parts) == free * len(shares)
         assert all(abs(p - free * s) < 1 for p, s in zip(parts, shares, strict=True))
+    # a layer capped by its prompt passes its excess on to the others, by share
+    capped = split_budget(96, (3.0, 0.5, 0.5), cap=150)
+    assert capped == [150, 69, 69]
+    assert split_budget(96, (3.0, 0.5, 0.5), cap=50) == [50, 50, 50]
 
 
 def test_shares_grow_with_the_square_root_of_sensitivity_above_a_floor() -> None:

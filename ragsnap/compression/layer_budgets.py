@@ -134,18 +134,30 @@ def profile_digest(profile: str) -> str | None:
     return hashlib.sha256(Path(profile).read_bytes()).hexdigest()[:16]
 
 
-def split_budget(free: int, shares: Sequence[float]) -> list[int]:
-    """Split ``free * len(shares)`` tokens over layers in proportion to ``shares`` (mean 1).
+def split_budget(free: int, shares: Sequence[float], cap: int | None = None) -> list[int]:
+    """Split ``free * len(shares)`` tokens over layers in proportion to ``shares`` (positive).
 
-    Largest-remainder rounding, so the total is exactly the uniform total.
+    A layer whose part would exceed ``cap`` (what its prompt holds) gets ``cap`` and the rest
+    is split again over the others, so the total stays the uniform total (or ``cap`` per
+    layer when even that is more). Largest-remainder rounding keeps the total exact.
     """
-    total = free * len(shares)
-    exact = [free * s for s in shares]
-    floors = [math.floor(x) for x in exact]
-    order = sorted(range(len(shares)), key=lambda i: exact[i] - floors[i], reverse=True)
-    for i in order[: total - sum(floors)]:
-        floors[i] += 1
-    return floors
+    count = len(shares)
+    total = free * count if cap is None else min(free, cap) * count
+    capped: dict[int, int] = {}
+    while True:
+        open_layers = [i for i in range(count) if i not in capped]
+        remaining = total - sum(capped.values())
+        weight = sum(shares[i] for i in open_layers)
+        exact = {i: remaining * shares[i] / weight for i in open_layers}
+        over = [i for i in open_layers if cap is not None and exact[i] > cap]
+        if not over:
+            break
+        capped.update((i, cap) for i in over if cap is not None)
+    parts = {i: math.floor(x) for i, x in exact.items()}
+    order = sorted(open_layers, key=lambda i: exact[i] - parts[i], reverse=True)
+    for i in order[: remaining - sum(parts.values())]:
+        parts[i] += 1
+    return [capped[i] if i in capped else parts[i] for i in range(count)]
 
 
 @dataclass
@@ -198,4 +210,5 @@ class LayerBudgetSnapKVPress(SnapKVPress):
         shares = self.layer_shares(layer)
         if shares is None or uniform <= self.window:
             return uniform
-        return self.window + split_budget(uniform - self.window, shares)[layer.layer_idx]
+        free = split_budget(uniform - self.window, shares, cap=layer.seq_len - self.window)
+        return self.window + free[layer.layer_idx]
