@@ -98,7 +98,13 @@ class LayerProfile:
         path = Path(path)
         if not path.is_file():
             raise InputError(f"layer profile not found: {path}", field="profile")
-        return cls.from_json(path.read_text(), origin=str(path))
+        return _load_profile(str(path), path.stat().st_mtime_ns)
+
+
+@cache
+def _load_profile(path: str, mtime_ns: int) -> LayerProfile:
+    """Parse a profile file once per version of it (presses read it for every layer)."""
+    return LayerProfile.from_json(Path(path).read_text(), origin=path)
 
 
 def _profiles_dir() -> Any:
