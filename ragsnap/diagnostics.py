@@ -13,7 +13,7 @@ from ragsnap.documents import Document
 from ragsnap.engine import PrefillResult, RagSnapEngine
 from ragsnap.errors import InputError
 from ragsnap.generation import GenerationConfig
-from ragsnap.retrieval.prompt import PromptLayout, format_document
+from ragsnap.prompt import PromptLayout, format_document
 
 
 def answer_positions(engine: RagSnapEngine, layout: PromptLayout, answer: str) -> list[int]:
@@ -23,7 +23,9 @@ def answer_positions(engine: RagSnapEngine, layout: PromptLayout, answer: str) -
         zip(layout.documents, layout.doc_spans, strict=True), 1
     ):
         piece = format_document(number, document)
-        encoded = engine.tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
+        encoded = engine.tokenizer(
+            piece, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
+        )
         offsets = encoded["offset_mapping"]
         begin = piece.find(answer)
         while begin >= 0:

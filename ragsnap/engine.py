@@ -22,7 +22,7 @@ from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, To
 from ragsnap.generation import GenerationConfig, TokenSampler, stop_token_ids
 from ragsnap.kv import cache_nbytes, derive_cache
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
-from ragsnap.retrieval.prompt import PromptLayout, assemble_prompt
+from ragsnap.prompt import PromptLayout, assemble_prompt
 
 logger = logging.getLogger(__name__)
 

@@ -32,8 +32,20 @@ def test_ask_caches_and_the_cache_commands_see_it(reuse_model, tmp_path: Path, c
     doc = tmp_path / "tides.txt"
     doc.write_text("Tides are caused mainly by the gravity of the Moon pulling on the oceans.")
     url = f"file://{tmp_path / 'kv'}"
-    ask = ["ask", "-q", "What causes tides?", "--docs", str(doc), "--budget", "48",
-           "--window", "8", "--max-new-tokens", "4", "--json"]
+    ask = [
+        "ask",
+        "-q",
+        "What causes tides?",
+        "--docs",
+        str(doc),
+        "--budget",
+        "48",
+        "--window",
+        "8",
+        "--max-new-tokens",
+        "4",
+        "--json",
+    ]
     first = run(capsys, *ask, "--cache", url)
     again = run(capsys, *ask, "--cache", url)
     assert (first["stats"]["cache"], again["stats"]["cache"]) == ("miss", "hit")
@@ -61,10 +73,31 @@ def test_bad_cache_url_is_one_clear_line(capsys, tmp_path: Path):
 
 
 def test_bench_cache_prints_every_field(reuse_model, capsys, tmp_path: Path):
-    out = run(capsys, "bench", "cache", "--context", "400", "--budget", "64", "--repeats", "1",
-              "--cache", f"file://{tmp_path}", "--json")
-    assert {"context", "budget", "ttft_miss_s", "ttft_hit_s", "ttft_prefix_hit_s", "read_floor_s",
-            "bytes_compressed", "bytes_prefix", "bytes_full_kv"} <= set(out)
+    out = run(
+        capsys,
+        "bench",
+        "cache",
+        "--context",
+        "400",
+        "--budget",
+        "64",
+        "--repeats",
+        "1",
+        "--cache",
+        f"file://{tmp_path}",
+        "--json",
+    )
+    assert {
+        "context",
+        "budget",
+        "ttft_miss_s",
+        "ttft_hit_s",
+        "ttft_prefix_hit_s",
+        "read_floor_s",
+        "bytes_compressed",
+        "bytes_prefix",
+        "bytes_full_kv",
+    } <= set(out)
     assert 300 < out["prompt_tokens"] <= 400
     # the compressed entry is the kept share of the full KV plus a small overhead
     assert 1.0 < out["compressed_over_expected"] < 1.1

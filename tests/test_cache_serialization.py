@@ -83,8 +83,14 @@ def test_a_decode_bias_shared_with_the_kept_bias_is_stored_once():
     layers, kept, logits = _entry()
     shared = {1: kept[1].bias}  # what the recorder hands the engine: the same tensor
     payload = serialize_prefill(
-        layers, kept, logits, original_length=50, press_config={}, kv_bytes_full=0,
-        decode_bias=shared, **MODEL,
+        layers,
+        kept,
+        logits,
+        original_length=50,
+        press_config={},
+        kv_bytes_full=0,
+        decode_bias=shared,
+        **MODEL,
     )
     stored = deserialize_prefill(payload, **MODEL)
     assert torch.equal(stored.decode_bias[1], kept[1].bias)

@@ -119,7 +119,7 @@ def filler_document(tokens: int, seed: int = 0) -> str:
 def prompt_of_length(engine: Any, length: int, seed: int = 0) -> list[int]:
     """A chat prompt of exactly ``length`` tokens: notes truncated to fit, the question last."""
     from ragsnap.documents import Document
-    from ragsnap.retrieval.prompt import assemble_prompt
+    from ragsnap.prompt import assemble_prompt
 
     doc = Document(id="notes", title="Town notes", text=filler_document(length, seed))
     layout = assemble_prompt(engine.tokenizer, QUESTION, [doc], max_prompt_tokens=length)

@@ -36,7 +36,7 @@ from ragsnap.kv import cache_nbytes
 
 if TYPE_CHECKING:
     from ragsnap.engine import PrefillResult, RagSnapEngine
-    from ragsnap.retrieval.prompt import PromptLayout
+    from ragsnap.prompt import PromptLayout
 
 logger = logging.getLogger(__name__)
 

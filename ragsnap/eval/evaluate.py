@@ -146,7 +146,9 @@ def load_request_items(engine: Any, request: EvalRequest) -> LoadedItems:
 
     @cache
     def count_tokens(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(
+            tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        )
 
     types = tuple(request.types) if request.types else None
     return load_items(

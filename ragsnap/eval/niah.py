@@ -21,7 +21,7 @@ from typing import Any
 from ragsnap.documents import Document
 from ragsnap.errors import InputError
 from ragsnap.eval.items import EvalItem, LoadedItems, Malformed
-from ragsnap.retrieval.prompt import assemble_prompt
+from ragsnap.prompt import assemble_prompt
 
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
@@ -123,7 +123,11 @@ def read_haystack(folder: Path, tokenizer: Any) -> list[_Sentence]:
     for file in files:
         text = " ".join(file.read_text(encoding="utf-8", errors="replace").split())
         pieces = [p for p in _SENTENCE_END.split(text) if p.strip()]
-        counts = tokenizer(pieces, add_special_tokens=False)["input_ids"] if pieces else []
+        counts = (
+            tokenizer(pieces, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            if pieces
+            else []
+        )
         sentences += [_Sentence(p, len(c), file.stem) for p, c in zip(pieces, counts, strict=True)]
     return sentences
 

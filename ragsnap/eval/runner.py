@@ -30,7 +30,7 @@ from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_a
 from ragsnap.eval.store import PredictionStore
 from ragsnap.generation import GenerationConfig
 from ragsnap.kv import derive_cache
-from ragsnap.retrieval.prompt import PromptLayout, format_document
+from ragsnap.prompt import PromptLayout, format_document
 
 logger = logging.getLogger(__name__)
 _NUMBER_DONE = re.compile(r"\d[^\d]")
@@ -89,7 +89,9 @@ def evidence_token_spans(
             + (len(doc.text) - len(doc.text.lstrip()))
         )
         lo, hi = offset + chars[0], offset + chars[1]
-        enc = tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
+        enc = tokenizer(
+            piece, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
+        )
         hit = [j for j, (s, e) in enumerate(enc["offset_mapping"]) if s < hi and e > lo]
         start, end = layout.doc_spans[index]
         if hit:

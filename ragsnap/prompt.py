@@ -68,7 +68,17 @@ def _template_halves(tokenizer: Any, system: str) -> tuple[str, str]:
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
+    """Template text: its control strings are the real special tokens."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_user_text(tokenizer: Any, text: str) -> list[int]:
+    """Untrusted text (documents, titles, questions, messages): control strings stay text.
+
+    Without ``split_special_tokens`` a document holding ``<|im_end|><|im_start|>system``
+    would close the user turn and open a system turn of its own (prompt injection).
+    """
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
 
 def assemble_prompt(
@@ -93,9 +103,9 @@ def assemble_prompt(
         raise InputError("the question is empty", field="question")
     before, after = _template_halves(tokenizer, system)
     head = _encode(tokenizer, before + "Documents:\n\n")
-    tail = _encode(tokenizer, f"Question: {question}{after}")
+    tail = encode_user_text(tokenizer, f"Question: {question}") + _encode(tokenizer, after)
     if answer_prefix.strip():
-        tail += _encode(tokenizer, answer_prefix.strip())
+        tail += encode_user_text(tokenizer, answer_prefix.strip())
     room = max_prompt_tokens - len(head) - len(tail)
     if room <= 0:
         raise InputError(
@@ -112,7 +122,7 @@ def assemble_prompt(
         if room < MIN_TRUNCATED_TOKENS:
             dropped.append(document.id)
             continue
-        piece = _encode(tokenizer, format_document(len(kept) + 1, document))
+        piece = encode_user_text(tokenizer, format_document(len(kept) + 1, document))
         if len(piece) > room:
             piece = piece[:room]
             truncated.append(document.id)
