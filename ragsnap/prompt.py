@@ -15,7 +15,7 @@ from typing import Any
 from ragsnap.documents import Document
 from ragsnap.errors import InputError
 
-PROMPT_TEMPLATE_VERSION = "ragsnap-prompt-v1"
+PROMPT_TEMPLATE_VERSION = "ragsnap-prompt-v2"  # v2: user text keeps control strings as text
 SYSTEM_INSTRUCTION = (
     "Answer the question using only the numbered documents. Be brief. "
     "Cite every document you use by its number in square brackets, like [1] or [2][3]. "
