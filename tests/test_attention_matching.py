@@ -116,7 +116,7 @@ def test_dropping_duplicate_keys_is_undone_exactly() -> None:
 def test_full_budget_compress_and_refit_is_the_identity() -> None:
     engine = tiny_engine("llama")
     prompt = random_prompt(48, seed=5)
-    [full, refit] = engine.prefill_many(
+    [full, refit] = engine.runtime.prefill_many(
         prompt, [make_press("full"), make_press("ragsnap", budget=64, window=8)]
     )
     assert not refit.bias

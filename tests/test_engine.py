@@ -164,7 +164,7 @@ def find_needle(engine, needle: str, question: str, depth: float, presses) -> li
         question, [Document(id="notes", title="Town notes", text=text)], gen
     )
     assert 1900 <= layout.num_tokens <= 2100
-    results = engine.prefill_many(layout.input_ids, presses)
+    results = engine.runtime.prefill_many(layout.input_ids, presses)
     return [engine.tokenizer.decode(list(engine.decode_tokens(r, gen))) for r in results]
 
 

@@ -17,7 +17,7 @@ from ragsnap.eval.fidelity import compare, full_reference, teacher_forced_log_pr
 from ragsnap.eval.niah import build_needles
 from ragsnap.eval.report import fmt
 from ragsnap.generation import GenerationConfig
-from ragsnap.kv import derive_cache
+from ragsnap.runtime.kv import derive_cache
 
 pytestmark = pytest.mark.model
 
@@ -222,7 +222,7 @@ def test_batched_decode_and_teacher_forcing_match_one_by_one(engine):
         make_press("snapkv", budget=48),
         make_press("streamingllm", budget=48),
     ]
-    results = engine.prefill_many(layout.input_ids, presses)
+    results = engine.runtime.prefill_many(layout.input_ids, presses)
     snapshot = derive_cache(results[0].cache)
     full_tokens = list(engine.decode_tokens(results[0], generation))
     reference = full_reference(engine, snapshot, layout.num_tokens, full_tokens)

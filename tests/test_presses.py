@@ -19,7 +19,7 @@ from ragsnap.compression import (
 )
 from ragsnap.compression.full import FullPress
 from ragsnap.errors import ConfigError
-from ragsnap.kv import cache_nbytes
+from ragsnap.runtime.kv import cache_nbytes
 from tests.test_snapkv_reference import (
     assert_same_selection,
     reference_run,
@@ -166,7 +166,7 @@ def test_every_press_keeps_sorted_indices_and_the_window(llama, prompt, budget: 
         RandomPress(budget=budget, window=window),
         PyramidKVPress(budget=budget, window=window),
     ]
-    for result in llama.prefill_many(prompt, presses):
+    for result in llama.runtime.prefill_many(prompt, presses):
         for indices in kept_indices(result):
             assert torch.equal(indices, indices.sort(dim=-1).values)
             assert all(len(set(head.tolist())) == head.shape[0] for head in indices)
@@ -214,7 +214,7 @@ def test_hooks_see_the_cache_on_every_layer(llama, prompt) -> None:
 
 def test_prefill_many_equals_separate_prefills_and_leaves_the_base_cache(llama, prompt) -> None:
     presses = [SnapKVPress(budget=32, window=8), H2OPress(budget=32, window=8), FullPress()]
-    shared = llama.prefill_many(prompt, presses)
+    shared = llama.runtime.prefill_many(prompt, presses)
     for press, result in zip(presses, shared, strict=True):
         alone = llama.prefill(prompt, press)
         for a, b in zip(kept_indices(alone), kept_indices(result), strict=True):

@@ -61,7 +61,7 @@ def test_a_kept_word_start_keeps_the_rest_of_its_word() -> None:
     window, budget = 8, 40
     snap = make_press("snapkv", budget=budget, window=window)
     spans = make_press("wordspan", budget=budget, window=window, max_word_tokens=12)
-    [plain, completed] = engine.prefill_many(prompt, [snap, spans])
+    [plain, completed] = engine.runtime.prefill_many(prompt, [snap, spans])
     # prefill_many computes word starts from the tokenizer; redo the compression with ours
     cache = engine.new_cache()
     with compression_hooks(engine.model, spans, word_starts=starts) as recorder:

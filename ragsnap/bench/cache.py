@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     scratch = None if args.cache else tempfile.TemporaryDirectory(prefix="ragsnap-bench-cache-")
     store = open_store(args.cache or f"file://{scratch.name}")  # type: ignore[union-attr]
     engine = RagSnapEngine(base.loaded, store=store, storage_dtype=storage_dtype)
-    if engine._cached is None:
+    if engine.tiers is None:
         raise ConfigError("bench cache needs a store, not 'none'", field="cache")
     press = make_press(args.press, budget=args.budget, window=args.window)
     options = AnswerOptions(press=press, generation=GenerationConfig(max_new_tokens=1))
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             if statuses != ("miss", "hit", "prefix-hit"):
                 raise ConfigError(f"the store did not cache as expected: {statuses}", field="cache")
             layout = engine.build_prompt(QUESTION_A, documents, options.generation)
-            ckey, pkey = engine._cached.entry_keys(layout, press, QUESTION_A, namespace)
+            ckey, pkey = engine.tiers.entry_keys(layout, press, QUESTION_A, namespace)
             started = time.perf_counter()
             payload = store.get(ckey)
             assert payload is not None
@@ -238,9 +238,9 @@ def _precision(
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
     try:
         layout = engine.build_prompt(QUESTION_A, documents, longer.generation)
-        exact = base.prefill(layout.input_ids, press)
-        engine._cached.prefill(layout, press, QUESTION_A, namespace)  # store it
-        loaded, report = engine._cached.prefill(layout, press, QUESTION_A, namespace)
+        exact = base.runtime.prefill(layout.input_ids, press)
+        engine.tiers.prefill(layout, press, QUESTION_A, namespace)  # store it
+        loaded, report = engine.tiers.prefill(layout, press, QUESTION_A, namespace)
         assert report.status == "hit"
         errors = [
             (a.keys - b.keys).abs().max().item()
@@ -252,7 +252,7 @@ def _precision(
     finally:
         engine.store.clear(namespace)
     return {
-        "storage_dtype": str(engine._cached.storage_dtype).removeprefix("torch."),
+        "storage_dtype": str(engine.tiers.storage_dtype).removeprefix("torch."),
         "kv_max_abs_err": round(max(errors), 6),
         "kv_max_abs": round(scale, 3),
         "answer_matches_full_precision": hit.answer == cold,
