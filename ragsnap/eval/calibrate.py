@@ -54,11 +54,7 @@ def item_layer_kl(
         SingleLayerPress(base=SnapKVPress(budget=budget), layer=i) for i in range(num_layers)
     ]
     full, *variants = engine.runtime.prefill_many(layout.input_ids, presses)
-    batch = engine.runtime.decode_batch()
-    row = batch.add("full", full, generation)
-    for _ in batch.run():
-        pass
-    reference = full_reference(engine.runtime, full, row.tokens)
+    reference = full_reference(engine.runtime, full, engine.runtime.generate(full, generation))
     return [float(f["kl"]) for f in fidelities(engine.runtime, variants, reference, rows=4)]
 
 

@@ -9,7 +9,7 @@ import torch
 
 from ragsnap.compression import Press
 from ragsnap.compression.words import word_starts
-from ragsnap.generation import stop_token_ids
+from ragsnap.generation import GenerationConfig, stop_token_ids
 from ragsnap.models import LoadedModel
 from ragsnap.runtime import prefill as _prefill
 from ragsnap.runtime.attention import install_runtime_attention
@@ -88,6 +88,18 @@ class ModelRuntime:
             self.model, self.cache_kwarg, input_ids, cache, chunk=self.chunk, on_chunk=on_chunk
         )
         return [(layer.keys, layer.values) for layer in cache.layers]
+
+    def forward(self, token_ids: Sequence[int], cache: Any, start: int) -> torch.Tensor:
+        """Run ``token_ids`` at positions ``start..`` on a plain model cache; last logits ``[1, V]``."""
+        return _prefill.forward_chunk(self.model, self.cache_kwarg, token_ids, cache, start)
+
+    def generate(self, prefill: PrefillResult, generation: GenerationConfig) -> list[int]:
+        """The answer tokens of one prefill decoded alone (a batch of one row)."""
+        batch = self.decode_batch()
+        row = batch.add(0, prefill, generation)
+        for _ in batch.run():
+            pass
+        return row.tokens
 
     def decode_batch(self, stop_ids: set[int] | None = None) -> DecodeBatch:
         """An empty batch of decoding rows on this model (``stop_ids``: end-of-turn tokens,
