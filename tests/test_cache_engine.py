@@ -59,13 +59,13 @@ def ask(
 def counting(eng: RagSnapEngine) -> list[int]:
     """Count the engine's prefills (the real method still runs)."""
     calls: list[int] = []
-    real = eng.prefill
+    real = eng.runtime.prefill
 
     def prefill(input_ids, press, **kwargs):
         calls.append(len(input_ids) - kwargs.get("start", 0))
         return real(input_ids, press, **kwargs)
 
-    eng.prefill = prefill  # type: ignore[method-assign]
+    eng.runtime.prefill = prefill  # type: ignore[method-assign]
     return calls
 
 

@@ -77,7 +77,9 @@ def test_decoding_continues_at_the_original_prompt_length(engine) -> None:
         )
     torch.testing.assert_close(ours, out.logits[:, -1], atol=2e-4, rtol=1e-4)
     # and the positions matter: counting from the cache size instead gives other logits
-    shifted = engine.runtime.prefill(layout.input_ids, StreamingLLMPress(budget=budget, window=window))
+    shifted = engine.runtime.prefill(
+        layout.input_ids, StreamingLLMPress(budget=budget, window=window)
+    )
     wrong = engine.runtime.forward([first], shifted.cache, budget)
     assert (wrong - ours).abs().max() > 1e-2
 

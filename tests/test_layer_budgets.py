@@ -107,7 +107,9 @@ def test_no_profile_is_uniform_snapkv_and_a_foreign_profile_is_refused(tmp_path)
     assert before["profile"] == after["profile"]
     assert before["profile_digest"] != after["profile_digest"]
     with pytest.raises(ConfigError, match="measured on llama-L30-d576, not this model"):
-        engine.runtime.prefill_many(prompt, [make_press("layerbudget", budget=32, profile=str(path))])
+        engine.runtime.prefill_many(
+            prompt, [make_press("layerbudget", budget=32, profile=str(path))]
+        )
 
 
 def test_a_layer_left_with_only_its_window_keeps_exactly_the_window(tmp_path) -> None:

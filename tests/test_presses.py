@@ -76,7 +76,9 @@ def test_bad_press_config_raises_config_error_naming_the_field(build, field: str
 
 def test_streamingllm_keeps_sinks_and_recent(llama, prompt) -> None:
     budget, window, sinks = 24, 8, 4
-    result = llama.runtime.prefill(prompt, StreamingLLMPress(budget=budget, window=window, sinks=sinks))
+    result = llama.runtime.prefill(
+        prompt, StreamingLLMPress(budget=budget, window=window, sinks=sinks)
+    )
     expected = list(range(sinks)) + list(range(LENGTH - (budget - sinks), LENGTH))
     assert len(result.kept) == NUM_LAYERS
     for indices in kept_indices(result):

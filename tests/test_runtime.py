@@ -26,7 +26,9 @@ def tiny_prefills(engine):
     out = []
     for length, (press, budget), new in REQUESTS:
         options = {} if budget is None else {"budget": budget, "window": 8}
-        prefill = engine.runtime.prefill(random_prompt(length, seed=length), make_press(press, **options))
+        prefill = engine.runtime.prefill(
+            random_prompt(length, seed=length), make_press(press, **options)
+        )
         out.append((prefill, GenerationConfig(max_new_tokens=new)))
     return out
 
@@ -64,7 +66,9 @@ def test_runtime_decoding_equals_plain_transformers_decoding(arch) -> None:
         cache, logits, reference = derive_cache(prefill.cache), prefill.next_logits, []
         for position in range(len(prompt), len(prompt) + 20):
             reference.append(int(logits.argmax()))
-            logits = forward_chunk(engine.model, engine.loaded.cache_kwarg, reference[-1:], cache, position)
+            logits = forward_chunk(
+                engine.model, engine.loaded.cache_kwarg, reference[-1:], cache, position
+            )
         generation = GenerationConfig(max_new_tokens=20)
         assert decode(engine.runtime, [(prefill, generation)], stop_ids=set())[0] == reference
 
@@ -159,7 +163,9 @@ def test_an_exception_between_chunks_abandons_the_prefill() -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        engine.runtime.prefill(random_prompt(100), make_press("snapkv", budget=24, window=8), on_chunk=cancel)
+        engine.runtime.prefill(
+            random_prompt(100), make_press("snapkv", budget=24, window=8), on_chunk=cancel
+        )
     assert seen == [1]  # stopped after the first chunk
 
 
@@ -169,7 +175,12 @@ def test_embedded_model_rows_decode_exactly_as_alone(engine) -> None:
         "The Rosetta Stone is kept in the British Museum in London, where it has been on "
         "display since 1802. It was found in 1799 near the town of Rashid. "
     )
-    questions = ["Where is the Rosetta Stone kept?", "When was it found?", "Since when is it on display?", "Where was it found?"]
+    questions = [
+        "Where is the Rosetta Stone kept?",
+        "When was it found?",
+        "Since when is it on display?",
+        "Where was it found?",
+    ]
     presses = [
         make_press("ragsnap", budget=64),
         make_press("snapkv", budget=96),

@@ -129,9 +129,7 @@ class BatchedKV:
         out = []
         for i in range(len(self.windows)):
             n = int(self.lengths[row, i])
-            out.append(
-                (self.keys[i][row : row + 1, :, :n], self.values[i][row : row + 1, :, :n])
-            )
+            out.append((self.keys[i][row : row + 1, :, :n], self.values[i][row : row + 1, :, :n]))
         return out
 
     # -- one forward pass --------------------------------------------------------------

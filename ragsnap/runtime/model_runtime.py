@@ -68,7 +68,9 @@ class ModelRuntime:
             word_starts=word_starts(self.tokenizer, input_ids),
         )[0]
 
-    def prefill_many(self, input_ids: Sequence[int], presses: Sequence[Press]) -> list[PrefillResult]:
+    def prefill_many(
+        self, input_ids: Sequence[int], presses: Sequence[Press]
+    ) -> list[PrefillResult]:
         """One prefill, several presses: each result has its own compressed cache."""
         return _prefill.prefill(
             self.model,
@@ -107,6 +109,8 @@ class ModelRuntime:
         stops = self.stop_ids if stop_ids is None else stop_ids
         return DecodeBatch(self.model, self.cache_kwarg, self.windows, stops)
 
-    def teacher_force(self, prefills: Sequence[PrefillResult], tokens: Sequence[int]) -> torch.Tensor:
+    def teacher_force(
+        self, prefills: Sequence[PrefillResult], tokens: Sequence[int]
+    ) -> torch.Tensor:
         """Log-probs ``[k, n, V]`` of each prefill's cache along ``tokens`` (one pass)."""
         return teacher_force(self.model, self.cache_kwarg, self.windows, prefills, tokens)
