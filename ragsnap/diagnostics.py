@@ -13,7 +13,7 @@ from ragsnap.documents import Document
 from ragsnap.engine import RagSnapEngine
 from ragsnap.errors import InputError
 from ragsnap.generation import GenerationConfig
-from ragsnap.prompt import PromptLayout, format_document
+from ragsnap.prompt import PromptLayout, encode_user_text_with_offsets, format_document
 from ragsnap.runtime.prefill import PrefillResult
 
 
@@ -24,10 +24,7 @@ def answer_positions(engine: RagSnapEngine, layout: PromptLayout, answer: str) -
         zip(layout.documents, layout.doc_spans, strict=True), 1
     ):
         piece = format_document(number, document)
-        encoded = engine.tokenizer(
-            piece, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
-        )
-        offsets = encoded["offset_mapping"]
+        _, offsets = encode_user_text_with_offsets(engine.tokenizer, piece)
         begin = piece.find(answer)
         while begin >= 0:
             end = begin + len(answer)

@@ -158,7 +158,7 @@ def test_calibration_measures_per_layer_kl_and_extends_a_profile(engine) -> None
     )
     layers = engine.model.config.num_hidden_layers
     whole = item_layer_kl(engine, tides, generation, budget=4096)
-    assert whole == [0.0] * layers  # a budget over the prompt compresses nothing
+    assert max(whole) < 1e-6 and len(whole) == layers  # a budget over the prompt: float noise only
     first = calibrate_layers(engine, [tides], generation, budget=48)
     assert first.items == ("tides",) and len(first.sensitivity) == layers
     assert max(first.sensitivity) > 0 and min(first.sensitivity) >= 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -140,7 +141,7 @@ def test_service_under_concurrent_streaming_clients_answers_or_refuses(engine) -
     from api.app import create_app
     from api.settings import Settings
 
-    settings = Settings(max_queue=2, max_batch=4, step_tokens=128)
+    settings = Settings(max_queue=3, max_batch=4, step_tokens=128)
     statuses, done, lock = [], [], threading.Lock()
 
     def client(i: int, url: str) -> None:
@@ -169,8 +170,10 @@ def test_service_under_concurrent_streaming_clients_answers_or_refuses(engine) -
             t.join(300)
         metrics = httpx.get(f"{url}/metrics").text
     assert len(statuses) == 8 and set(statuses) <= {200, 429}
-    assert statuses.count(200) >= 4
+    assert statuses.count(200) >= 3  # the first, and the three that waited
     for names in done:
         if names:
             assert names[0] == "meta" and names[-1] == "done" and "error" not in names
-    assert "ragsnap_decode_batch_size_count" in metrics
+    steps = float(re.search(r"^ragsnap_decode_batch_size_count (\S+)$", metrics, re.M).group(1))
+    rows = float(re.search(r"^ragsnap_decode_batch_size_sum (\S+)$", metrics, re.M).group(1))
+    assert rows > steps  # requests really decoded together

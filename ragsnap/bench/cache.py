@@ -60,13 +60,11 @@ def sample_documents(tokenizer: Any, context: int) -> list[Any]:
     """The bundled samples, repeated as numbered parts (the last one cut), filling about
     ``context`` prompt tokens."""
     from ragsnap.documents import Document
-    from ragsnap.prompt import assemble_prompt, format_document
+    from ragsnap.prompt import assemble_prompt, encode_user_text, format_document
 
     def count(index: int, doc: Document) -> int:
         piece = format_document(index, doc)
-        return len(
-            tokenizer(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        )
+        return len(encode_user_text(tokenizer, piece))
 
     texts = []
     for entry in sorted(resources.files("ragsnap.samples").iterdir(), key=lambda e: e.name):
@@ -90,7 +88,7 @@ def sample_documents(tokenizer: Any, context: int) -> list[Any]:
             break
         documents.append(doc)
         used += size
-    ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids = encode_user_text(tokenizer, text)
     keep = room - used - (size - len(ids))  # what fits of the next text, its header aside
     while keep > 16:
         cut = tokenizer.decode(ids[:keep])

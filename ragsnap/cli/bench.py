@@ -13,6 +13,7 @@ BENCHMARKS = {
     "decode": "prefill, compression and decode speed: full cache vs compressed vs a short-prompt floor",
     "cache": "time to first token for a cache miss, a full hit and a document-prefix hit",
     "load": "concurrent clients against a running ragsnap server",
+    "batch": "aggregate decode tokens/s of batched requests, compressed vs full caches",
 }
 
 

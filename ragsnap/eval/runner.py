@@ -26,7 +26,7 @@ from ragsnap.eval.items import EvalItem, Malformed
 from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_answer
 from ragsnap.eval.store import PredictionStore
 from ragsnap.generation import GenerationConfig
-from ragsnap.prompt import PromptLayout, format_document
+from ragsnap.prompt import PromptLayout, encode_user_text_with_offsets, format_document
 
 logger = logging.getLogger(__name__)
 _NUMBER_DONE = re.compile(r"\d[^\d]")
@@ -85,10 +85,8 @@ def evidence_token_spans(
             + (len(doc.text) - len(doc.text.lstrip()))
         )
         lo, hi = offset + chars[0], offset + chars[1]
-        enc = tokenizer(
-            piece, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
-        )
-        hit = [j for j, (s, e) in enumerate(enc["offset_mapping"]) if s < hi and e > lo]
+        _, offsets = encode_user_text_with_offsets(tokenizer, piece)
+        hit = [j for j, (s, e) in enumerate(offsets) if s < hi and e > lo]
         start, end = layout.doc_spans[index]
         if hit:
             return [(start + hit[0], min(start + hit[-1] + 1, end))]
