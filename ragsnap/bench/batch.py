@@ -5,6 +5,12 @@ For each concurrency ``c``, ``c`` different prompts of ``--context`` tokens are 
 steps (stop tokens ignored). Reported per concurrency and cache kind: aggregate tokens/s,
 per-request ms/token, the ratio to a single stream measured in the same run, and the KV
 bytes the rows hold at the end (peak).
+
+``--gap-chunks 64,128`` also measures what a prefill does to running streams: with the
+largest concurrency's compressed rows decoding, a new ``--context`` prompt prefills in
+chunks of each size with a decode step between chunks (as the scheduler does); reported
+are the p50/p95 gaps between tokens during that prefill against the gaps with nothing
+prefilling.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--gap-chunks", default="", help="prefill chunk sizes to measure gaps at")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -47,12 +54,58 @@ def timed_batch(engine: Any, prefills: list[Any], steps: int) -> tuple[float, in
     return time.perf_counter() - started, batch.kv.nbytes()
 
 
-def measure(engine: Any, args: argparse.Namespace, levels: list[int]) -> list[dict[str, Any]]:
+def _quantiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"p50_ms": round(1000 * statistics.median(ordered), 2), "p95_ms": round(1000 * p95, 2)}
+
+
+def token_gaps(
+    engine: Any, rows: list[Any], prompt: list[int], press: Any, chunks: list[int], steps: int
+) -> list[dict[str, Any]]:
+    """Gaps between decode steps of ``rows``, idle and while ``prompt`` prefills in chunks."""
+    batch = engine.runtime.decode_batch(stop_ids=set())
+    for i, p in enumerate(rows):
+        batch.add(i, p, GenerationConfig(max_new_tokens=100_000))
+    stamps: list[float] = []
+
+    def step() -> None:
+        batch.step()
+        stamps.append(time.perf_counter())
+
+    for _ in range(steps + 1):
+        step()
+    idle = _quantiles([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
+    out = []
+    for chunk in chunks:
+        stamps.clear()
+        step()
+        engine.runtime.chunk = chunk
+        engine.runtime.prefill(prompt, press, on_chunk=step)
+        step()
+        during = _quantiles([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
+        out.append(
+            {
+                "chunk": chunk,
+                "rows": len(rows),
+                "idle": idle,
+                "while_prefilling": during,
+                "p95_ratio": round(during["p95_ms"] / idle["p95_ms"], 2),
+            }
+        )
+    engine.runtime.chunk = None
+    return out
+
+
+def measure(
+    engine: Any, args: argparse.Namespace, levels: list[int]
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The throughput rows, and the compressed prefills they decoded."""
     from ragsnap.compression import FullPress, make_press
 
     press = make_press(args.press, budget=args.budget)
     prompts = [prompt_of_length(engine, args.context, seed=i) for i in range(max(levels))]
-    prefills = {"compressed": [], "full": []}
+    prefills: dict[str, list[Any]] = {"compressed": [], "full": []}
     for prompt in prompts:
         full, compressed = engine.runtime.prefill_many(prompt, [FullPress(), press])
         prefills["full"].append(full)
@@ -77,7 +130,7 @@ def measure(engine: Any, args: argparse.Namespace, levels: list[int]) -> list[di
                     "kv_bytes_peak": runs[0][1],
                 }
             )
-    return rows
+    return rows, prefills["compressed"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
         )
     torch.set_num_threads(args.threads)
     engine = RagSnapEngine.load(args.model, device=args.device)
-    report = {
+    results, compressed = measure(engine, args, levels)
+    report: dict[str, Any] = {
         "model": engine.loaded.model_id,
         "device": str(engine.device),
         "threads": args.threads,
@@ -103,9 +157,17 @@ def run(args: argparse.Namespace) -> int:
         "budget": args.budget,
         "press": args.press,
         "decode_tokens": args.decode_tokens,
-        "results": measure(engine, args, levels),
+        "results": results,
     }
-    if args.json:
+    if args.gap_chunks:
+        from ragsnap.compression import make_press
+
+        press = make_press(args.press, budget=args.budget)
+        rows = compressed[: max(levels)]
+        fresh = prompt_of_length(engine, args.context, seed=999)
+        chunks = [int(c) for c in args.gap_chunks.split(",")]
+        report["gaps"] = token_gaps(engine, rows, fresh, press, chunks, args.decode_tokens)
+    if args.json or args.gap_chunks:
         print(json.dumps(report, indent=2))
     else:
         print(
