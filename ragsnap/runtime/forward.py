@@ -5,12 +5,14 @@ right-padded to the longest row of that layer; a forward pass feeds every row it
 tokens at its own positions, and the registered attention function (``runtime.attention``)
 applies one additive mask per layer that hides each row's padding, orders the new tokens
 causally, bounds sliding-window layers and adds Attention Matching's per-key bias. The
-model itself is called through a plain ``DynamicCache`` whose layers view the buffers, so
+model is called with a ``DynamicCache`` whose layers write each row's new entries into the
+buffers in place, right after that row's own entries (no copy of the cache per step), so
 nothing about transformers is patched.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -136,77 +138,91 @@ class BatchedKV:
 
     def masks(self, q_len: int) -> dict[int, torch.Tensor]:
         """Per layer, the additive mask ``[B, Hkv or 1, q, K_l + q]`` of the next pass, where
-        ``K_l`` is the longest row of layer ``l`` and the new tokens follow it."""
+        ``K_l`` is the longest row of layer ``l``. Row ``r``'s new tokens sit right after its
+        own ``n_r`` entries (columns ``n_r .. n_r + q - 1``); columns past them are padding."""
         device = self.keys[0].device
         dtype = self.keys[0].dtype
         new_pos = torch.arange(q_len)
-        causal = new_pos.unsqueeze(1) >= new_pos.unsqueeze(0)  # [q, q]
         out: dict[int, torch.Tensor] = {}
         for i, window in enumerate(self.windows):
             lengths = self.lengths[:, i]
-            width = int(lengths.max())
-            cols = torch.arange(width)
-            visible = (cols.unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1)  # [B, 1, K]
-            visible = torch.cat(
-                [visible.expand(-1, q_len, -1), causal.expand(self.rows, -1, -1)], dim=-1
-            )  # [B, q, K + q]
+            cols = torch.arange(int(lengths.max()) + q_len)
+            # query j of row r sees its row's entries and new tokens up to itself
+            limit = lengths.unsqueeze(1) + new_pos  # [B, q]
+            visible = cols.view(1, 1, -1) <= limit.unsqueeze(2)  # [B, q, K + q]
             if window is not None:
-                # key positions: the row's entries end just before its next position
-                key_pos = torch.cat(
-                    [
-                        self.positions.unsqueeze(1) - lengths.unsqueeze(1) + cols,
-                        self.positions.unsqueeze(1) + new_pos,
-                    ],
-                    dim=1,
-                )  # [B, K + q]
+                # a row's entries end just before its next position, whatever it kept
+                key_pos = (self.positions - lengths).unsqueeze(1) + cols  # [B, K + q]
                 query_pos = self.positions.unsqueeze(1) + new_pos  # [B, q]
-                near = query_pos.unsqueeze(2) - key_pos.unsqueeze(1) < window
-                visible &= near
+                visible &= query_pos.unsqueeze(2) - key_pos.unsqueeze(1) < window
             mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
             mask = mask.to(device).unsqueeze(1)  # [B, 1, q, K + q]
             bias = self.bias[i]
             if bias is not None:
-                mask = mask + torch.nn.functional.pad(bias[:, :, :width], (0, q_len)).unsqueeze(2)
+                width = mask.shape[-1]
+                mask = mask + bias[:, :, :width].unsqueeze(2)
             out[i] = mask
         return out
 
-    def model_cache(self) -> Any:
-        """A ``DynamicCache`` whose layers view the buffers up to each layer's longest row."""
+    def model_cache(self, q_len: int) -> Any:
+        """A ``DynamicCache`` for a pass of ``q_len`` new tokens per row over the buffers."""
         from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
 
         cache = DynamicCache()
         cache.layers = []
         for i in range(len(self.windows)):
             width = int(self.lengths[:, i].max())
-            layer = DynamicLayer()
-            k, v = self.keys[i][:, :, :width], self.values[i][:, :, :width]
-            layer.lazy_initialization(k, v)
-            layer.keys, layer.values = k, v
-            cache.layers.append(layer)
+            self._grow(i, width + q_len)
+            cache.layers.append(_buffer_layer_class()(self, i, width))
         return cache
 
-    def append(self, cache: Any, counts: Sequence[int]) -> None:
-        """Move the new entries the pass appended to ``cache`` into each row's buffer;
-        ``counts[r]`` of them are row ``r``'s (the rest were query padding)."""
-        q_len = max(counts)
-        for i, layer in enumerate(cache.layers):
-            width = layer.keys.shape[2] - q_len
-            self._grow(i, int(self.lengths[:, i].max()) + q_len)
-            new_k, new_v = layer.keys[:, :, width:], layer.values[:, :, width:]
-            if q_len == 1:
-                rows = torch.arange(self.rows, device=new_k.device)
-                at = self.lengths[:, i].to(new_k.device)
-                self.keys[i][rows, :, at] = new_k[:, :, 0]
-                self.values[i][rows, :, at] = new_v[:, :, 0]
-            else:
-                for r, n in enumerate(counts):
-                    begin = int(self.lengths[r, i])
-                    self.keys[i][r, :, begin : begin + n] = new_k[r, :, :n]
-                    self.values[i][r, :, begin : begin + n] = new_v[r, :, :n]
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Put the pass's new entries (``[B, Hkv, q, D]``) right after each row's entries."""
+        q_len = keys.shape[2]
+        at = self.lengths[:, layer].to(keys.device)
+        if q_len == 1:
+            rows = torch.arange(self.rows, device=keys.device)
+            self.keys[layer][rows, :, at] = keys[:, :, 0]
+            self.values[layer][rows, :, at] = values[:, :, 0]
+            return
+        index = at.view(-1, 1, 1, 1) + torch.arange(q_len, device=keys.device).view(1, 1, -1, 1)
+        index = index.expand(-1, keys.shape[1], -1, keys.shape[3])
+        self.keys[layer].scatter_(2, index, keys)
+        self.values[layer].scatter_(2, index, values)
+
+    def advance(self, counts: Sequence[int]) -> None:
+        """After a pass: row ``r`` keeps ``counts[r]`` new entries (the rest was padding)."""
         step = torch.tensor(list(counts), dtype=torch.long)
         self.lengths += step.unsqueeze(1)
         self.positions += step
+
+
+@functools.cache
+def _buffer_layer_class() -> type:
+    """The cache layer class over one layer of a :class:`BatchedKV` (built on first use, so
+    importing the runtime does not import transformers)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferLayer(DynamicLayer):  # type: ignore[misc]
+        """``update`` writes the new entries into the batch's buffers in place and returns
+        the buffer up to the longest row plus the new tokens; the step mask hides what a
+        row does not own."""
+
+        def __init__(self, batch: BatchedKV, layer: int, width: int) -> None:
+            super().__init__()
+            self.batch, self.layer, self.width = batch, layer, width
+            keys, values = batch.keys[layer], batch.values[layer]
+            self.lazy_initialization(keys, values)
+            self.keys, self.values = keys[:, :, :width], values[:, :, :width]
+
+        def update(self, key_states, value_states, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self.batch.write(self.layer, key_states, value_states)
+            end = self.width + key_states.shape[2]
+            self.keys = self.batch.keys[self.layer][:, :, :end]
+            self.values = self.batch.values[self.layer][:, :, :end]
+            return self.keys, self.values
+
+    return BufferLayer
 
 
 @torch.inference_mode()
@@ -227,7 +243,7 @@ def forward_rows(
     device = batch.keys[0].device
     ids = torch.tensor([list(t) + [t[-1]] * (q_len - len(t)) for t in tokens], device=device)
     positions = (batch.positions.unsqueeze(1) + torch.arange(q_len)).to(device)
-    cache = batch.model_cache()
+    cache = batch.model_cache(q_len)
     equal = len(set(counts)) == 1
     with step_masks(batch.masks(q_len)):
         out = model(
@@ -237,7 +253,7 @@ def forward_rows(
             logits_to_keep=1 if last and equal else 0,
             **{cache_kwarg: cache},
         )
-    batch.append(cache, counts)
+    batch.advance(counts)
     logits = out.logits
     if not last:
         return logits
