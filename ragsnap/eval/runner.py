@@ -1,9 +1,10 @@
 """The evaluation loop: every item through one shared prefill, every press x budget from it.
 
 Per item: assemble the prompt, prefill once with every press recording its selection
-(:meth:`ModelRuntime.prefill_many`), decode the full cache's answer and teacher-force it
-(the reference, computed once and reused across budgets), then teacher-force every
-compressed cache in one multi-token pass and decode them as rows of one batch. A press that kept every position reuses the full-cache answer.
+(:meth:`ModelRuntime.prefill_many`), decode the full cache and every compressed cache as
+rows of one batch, teacher-force the full cache along its answer (the reference, reused
+across budgets), then the compressed caches in one multi-token pass. A press that kept
+every position reuses the full-cache answer.
 Items already in ``predictions.jsonl`` are skipped; an item that cannot run is reported
 and skipped.
 """
@@ -137,28 +138,31 @@ def evaluate_item(
     length = layout.num_tokens
     results = engine.runtime.prefill_many(layout.input_ids, [g.instance for g in grid])
     stop = answer_stopper(item, engine.tokenizer)
-    [(full_tokens, full_s, full_steps)] = _decode_rows(engine, results[:1], generation, stop)
-    started = time.perf_counter()
-    reference = full_reference(engine.runtime, results[0], full_tokens)
-    exact = {"kl": 0.0, "nll_gap": 0.0, "fidelity_tokens": len(full_tokens)}
-    decoded = {0: _Decoded(full_tokens, exact, full_s, full_steps, 0.0, 1)}
-    decoded[0].fidelity_s = time.perf_counter() - started
     compressed = [
         i
         for i, result in enumerate(results[1:], start=1)
         if not all(n == length for n in result.kept_tokens_per_layer)
     ]
+    # the full cache and every compressed cache decode together: one model call per step
+    answers = _decode_rows(
+        engine, [results[0]] + [results[i] for i in compressed], generation, stop
+    )
+    full_tokens, full_s, full_steps = answers[0]
+    started = time.perf_counter()
+    reference = full_reference(engine.runtime, results[0], full_tokens)
+    exact = {"kl": 0.0, "nll_gap": 0.0, "fidelity_tokens": len(full_tokens)}
+    batch = 1 + len(compressed)
+    decoded = {0: _Decoded(full_tokens, exact, full_s, full_steps, 0.0, batch)}
+    decoded[0].fidelity_s = time.perf_counter() - started
     for i in range(1, len(results)):
         if i not in compressed:  # the press kept everything: the full cache's answer
             decoded[i] = _Decoded(full_tokens, dict(exact), 0.0, 0, 0.0, 0)
     if compressed:
-        chosen = [results[i] for i in compressed]
         started = time.perf_counter()
-        fids = fidelities(engine.runtime, chosen, reference)
-        fid_s = (time.perf_counter() - started) / len(chosen)
-        answers = _decode_rows(engine, chosen, generation, stop)
-        for i, fid, (tokens, seconds, steps) in zip(compressed, fids, answers, strict=True):
-            decoded[i] = _Decoded(tokens, fid, seconds, steps, fid_s, len(chosen))
+        fids = fidelities(engine.runtime, [results[i] for i in compressed], reference)
+        fid_s = (time.perf_counter() - started) / len(compressed)
+        for i, fid, (tokens, seconds, steps) in zip(compressed, fids, answers[1:], strict=True):
+            decoded[i] = _Decoded(tokens, fid, seconds, steps, fid_s, batch)
     text = engine.tokenizer.decode
     full_answer = text(full_tokens, skip_special_tokens=True)
     in_prompt = {d.id for d in layout.documents}
