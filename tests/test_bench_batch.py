@@ -4,18 +4,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from ragsnap.cli import main
-from ragsnap.engine import RagSnapEngine
-from tests.tiny_models import tiny_engine
-
-
-@pytest.fixture
-def tiny(monkeypatch):
-    engine = tiny_engine("llama", "sdpa")
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
-    return engine
 
 
 def test_bench_batch_reports_throughput_bytes_and_gaps(tiny, capsys) -> None:
