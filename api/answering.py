@@ -192,21 +192,19 @@ def submit_job(
 
 def record_job(job: AnswerJob, log: dict[str, Any], client_gone: bool = False) -> None:
     """Put the job's outcome and timings (never its text) into the request's log line."""
-    stats = job.stats
     log["outcome"] = "cancelled" if client_gone else job.outcome
     if job.queue_s is not None:
         log["queue_s"] = round(job.queue_s, 4)
-    for key in (
-        "cache",
-        "prompt_tokens",
-        "kept_tokens",
-        "new_tokens",
-        "prefill_s",
-        "ttft_s",
-        "total_s",
-    ):
-        if key in stats:
-            log[key] = stats[key]
+    if (stats := job.stats) is not None:
+        log.update(
+            cache=stats.cache,
+            prompt_tokens=stats.prompt_tokens,
+            kept_tokens=stats.kept_tokens,
+            new_tokens=stats.new_tokens,
+            prefill_s=stats.prefill_s,
+            ttft_s=stats.ttft_s,
+            total_s=stats.total_s,
+        )
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -262,5 +260,5 @@ def event_payload(event: AnswerEvent) -> dict[str, Any]:
     return {
         "answer": event.answer,
         "citations": [c.to_dict() for c in event.citations],
-        "stats": event.stats,
+        "stats": event.stats.to_dict(),
     }

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from ragsnap.stats import AnswerStats
 
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -99,28 +102,21 @@ class ServiceMetrics:
         self.queue_depth.set_function(depth)
         self.worker_busy.set_function(busy)
 
-    def observe_answer(self, stats: dict[str, Any]) -> None:
+    def observe_answer(self, stats: AnswerStats) -> None:
         """Record the engine statistics of one finished answer (the ``done`` event's stats)."""
-        if stats.get("prefill_s") is not None:
-            self.prefill.observe(float(stats["prefill_s"]) + float(stats.get("compress_s") or 0.0))
-        if stats.get("decode_ms_per_token") is not None:
-            self.decode.observe(
-                float(stats["decode_ms_per_token"]) * int(stats.get("new_tokens", 0)) / 1000
-            )
-        if stats.get("ttft_s") is not None:
-            self.ttft.observe(float(stats["ttft_s"]))
-        self.cache_lookups.labels(str(stats.get("cache", "off"))).inc()
-        for direction in ("read", "written"):
-            moved = stats.get(f"cache_bytes_{direction}")
-            if isinstance(moved, int) and moved:
-                self.cache_bytes.labels(direction).inc(moved)
-        for kind in ("full", "kept"):
-            value = stats.get(f"kv_bytes_{kind}")
-            if isinstance(value, int):
-                self.kv_bytes.labels(kind).inc(value)
-        prompt, kept = stats.get("prompt_tokens"), stats.get("kept_tokens")
-        if prompt and kept is not None:
-            self.kept_ratio.observe(min(1.0, kept / prompt))
+        self.prefill.observe(stats.prefill_s + stats.compress_s)
+        if stats.decode_ms_per_token is not None:
+            self.decode.observe(stats.decode_ms_per_token * stats.new_tokens / 1000)
+        self.ttft.observe(stats.ttft_s)
+        self.cache_lookups.labels(stats.cache).inc()
+        if stats.cache_bytes_read:
+            self.cache_bytes.labels("read").inc(stats.cache_bytes_read)
+        if stats.cache_bytes_written:
+            self.cache_bytes.labels("written").inc(stats.cache_bytes_written)
+        self.kv_bytes.labels("full").inc(stats.kv_bytes_full)
+        self.kv_bytes.labels("kept").inc(stats.kv_bytes_kept)
+        if stats.prompt_tokens:
+            self.kept_ratio.observe(min(1.0, stats.kept_tokens / stats.prompt_tokens))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

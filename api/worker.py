@@ -25,6 +25,7 @@ from ragsnap.engine import AnswerOptions, RagSnapEngine
 from ragsnap.errors import RagSnapError
 from ragsnap.events import AnswerEvent, DoneEvent
 from ragsnap.scheduler import Scheduler
+from ragsnap.stats import AnswerStats
 
 logger = logging.getLogger("ragsnap.api.worker")
 
@@ -70,7 +71,7 @@ class AnswerJob:
     started_at: float | None = None
     outcome: str = "queued"
     new_tokens: int = 0
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: AnswerStats | None = None
 
     metrics: ServiceMetrics | None = None
     on_close: Any = None  # called with the job when it ends (the worker's job-time average)

@@ -23,6 +23,7 @@ from ragsnap.prompt import PromptLayout, assemble_prompt
 from ragsnap.runtime.decode import DecodeRow
 from ragsnap.runtime.model_runtime import ModelRuntime
 from ragsnap.runtime.prefill import PrefillResult
+from ragsnap.stats import AnswerStats
 
 logger = logging.getLogger(__name__)
 
@@ -182,30 +183,34 @@ class RagSnapEngine:
         answer = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
         shares = document_keep_shares(prefill.keep_rate(), layout.doc_spans)
         citations = extract_citations(answer, layout.documents, shares)
-        stats = {
-            "model": self.loaded.model_id,
-            "device": str(self.device),
-            "press": prefill.press_config["press"],
-            "press_config": prefill.press_config,
-            "budget": prefill.press_config.get("budget"),
-            "prompt_tokens": layout.num_tokens,
-            "kept_tokens": prefill.kept_tokens,
-            "kept_tokens_per_layer": prefill.kept_tokens_per_layer,
-            "prefill_tokens": prefill.processed_tokens,
-            "prefill_s": round(prefill.prefill_s, 4),
-            "compress_s": round(prefill.compress_s, 4),
-            "ttft_s": round(
+        stats = AnswerStats(
+            model=self.loaded.model_id,
+            device=str(self.device),
+            press=prefill.press_config["press"],
+            press_config=prefill.press_config,
+            budget=prefill.press_config.get("budget"),
+            prompt_tokens=layout.num_tokens,
+            kept_tokens=prefill.kept_tokens,
+            kept_tokens_per_layer=prefill.kept_tokens_per_layer,
+            prefill_tokens=prefill.processed_tokens,
+            prefill_s=round(prefill.prefill_s, 4),
+            compress_s=round(prefill.compress_s, 4),
+            ttft_s=round(
                 ttft_s if ttft_s is not None else time.perf_counter() - prepared.started, 4
             ),
-            "decode_ms_per_token": round(1000 * row.decode_s / row.steps, 3) if row.steps else None,
-            "new_tokens": len(row.tokens),
-            "kv_bytes_full": prefill.kv_bytes_full,
-            "kv_bytes_kept": prefill.kv_bytes_kept,
-            "dropped_doc_ids": layout.dropped_doc_ids,
-            "truncated_doc_ids": layout.truncated_doc_ids,
-            "total_s": round(time.perf_counter() - prepared.started, 4),
-            **report.as_stats(),
-        }
+            decode_ms_per_token=round(1000 * row.decode_s / row.steps, 3) if row.steps else None,
+            new_tokens=len(row.tokens),
+            kv_bytes_full=prefill.kv_bytes_full,
+            kv_bytes_kept=prefill.kv_bytes_kept,
+            total_s=round(time.perf_counter() - prepared.started, 4),
+            cache=report.status,
+            cache_bytes_read=report.bytes_read,
+            cache_bytes_written=report.bytes_written,
+            cache_load_s=round(report.load_s, 4),
+            finish_reason="length" if row.finish_reason == "length" else "stop",
+            dropped_doc_ids=layout.dropped_doc_ids,
+            truncated_doc_ids=layout.truncated_doc_ids,
+        )
         return CitationsEvent(citations=citations), DoneEvent(
             answer=answer, citations=citations, stats=stats
         )

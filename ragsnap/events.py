@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from ragsnap.citations import Citation
+from ragsnap.stats import AnswerStats
 
 
 @dataclass
@@ -41,7 +41,7 @@ class DoneEvent:
 
     answer: str
     citations: list[Citation]
-    stats: dict[str, Any]
+    stats: AnswerStats
     type: str = "done"
 
 

@@ -222,8 +222,6 @@ class Scheduler:
             if rest := running.text.flush():
                 request.emit(TokenEvent(text=rest))
             citations, done = self.engine.finish(running.prepared, running.row, running.ttft_s)
-            done.stats["finish_reason"] = reason
-            done.stats["batch_steps"] = running.row.steps
             request.emit(citations)
             request.emit(done)
         except Exception as exc:

@@ -52,7 +52,7 @@ def ask(
     eng: RagSnapEngine, question: str, namespace: str, opts: AnswerOptions | None = None
 ) -> DoneEvent:
     events = list(eng.stream(question, DOCS, opts or options(), namespace=namespace))
-    assert events[0].cache == events[-1].stats["cache"]  # meta and stats agree
+    assert events[0].cache == events[-1].stats.cache  # meta and stats agree
     return events[-1]
 
 
@@ -106,10 +106,10 @@ def test_hit_loads_bit_identical_kv_and_answers_exactly_as_the_miss(engine, redi
     assert torch.equal(missed.next_logits, hit.next_logits)
 
     first, second = ask(eng, Q1, ns + "-x"), ask(eng, Q1, ns + "-x")
-    assert (first.stats["cache"], second.stats["cache"]) == ("miss", "hit")
+    assert (first.stats.cache, second.stats.cache) == ("miss", "hit")
     assert second.answer == first.answer == cold(Q1)
-    assert second.stats["prefill_tokens"] == 0 and second.stats["cache_bytes_read"] > 0
-    assert first.stats["cache_bytes_written"] > second.stats["cache_bytes_written"] == 0
+    assert second.stats.prefill_tokens == 0 and second.stats.cache_bytes_read > 0
+    assert first.stats.cache_bytes_written > second.stats.cache_bytes_written == 0
     assert [c.doc_id for c in second.citations] == [c.doc_id for c in first.citations]
 
 
@@ -136,29 +136,29 @@ def test_damaged_entry_is_a_miss_cleaned_up_and_recomputed(
     calls = counting(eng)
     with caplog.at_level(logging.WARNING, logger="ragsnap.cache"):
         again = ask(eng, Q1, ns)
-    assert again.stats["cache"] == "miss" and len(calls) == 1
+    assert again.stats.cache == "miss" and len(calls) == 1
     assert again.answer == first.answer
     assert any(word in caplog.text for word in ("lost a chunk", "checksum", "format version"))
-    assert ask(eng, Q1, ns).stats["cache"] == "hit"  # stored again, whole
+    assert ask(eng, Q1, ns).stats.cache == "hit"  # stored again, whole
 
 
 def test_redis_killed_between_requests_then_restarted(engine, redis_factory, ns, cold):
     server = redis_factory()
     eng = RagSnapEngine(engine.loaded, store=RedisKVStore(server.url, backoff_s=0.0))
-    assert ask(eng, Q1, ns).stats["cache"] == "miss"
+    assert ask(eng, Q1, ns).stats.cache == "miss"
     server.stop()
     down = ask(eng, Q1, ns)
-    assert down.stats["cache"] == "unavailable" and down.answer == cold(Q1)
-    assert down.stats["cache_bytes_written"] == 0
+    assert down.stats.cache == "unavailable" and down.answer == cold(Q1)
+    assert down.stats.cache_bytes_written == 0
     server.start()  # the same port, empty
-    assert ask(eng, Q1, ns).stats["cache"] == "miss"
-    assert ask(eng, Q1, ns).stats["cache"] == "hit"
+    assert ask(eng, Q1, ns).stats.cache == "miss"
+    assert ask(eng, Q1, ns).stats.cache == "hit"
 
 
 def test_unreachable_at_start_still_answers(engine, ns, cold):
     eng = redis_engine(engine, f"redis://127.0.0.1:{free_port()}/0")
     done = ask(eng, Q1, ns)
-    assert done.stats["cache"] == "unavailable" and done.answer == cold(Q1)
+    assert done.stats.cache == "unavailable" and done.answer == cold(Q1)
 
 
 def test_refused_write_still_answers(engine, redis_factory, ns, cold):
@@ -166,7 +166,7 @@ def test_refused_write_still_answers(engine, redis_factory, ns, cold):
     eng = redis_engine(engine, server.url, prefix_cache=False)
     first, second = ask(eng, Q1, ns), ask(eng, Q1, ns)
     assert first.answer == second.answer == cold(Q1)
-    assert first.stats["cache_bytes_written"] == 0 and second.stats["cache"] == "miss"
+    assert first.stats.cache_bytes_written == 0 and second.stats.cache == "miss"
 
 
 @pytest.mark.parametrize("backend", ["redis", "file"])
@@ -192,23 +192,23 @@ def test_eight_concurrent_identical_requests_prefill_once(
     for t in threads:
         t.join(timeout=600)
     assert all(isinstance(r, DoneEvent) for r in results), results
-    assert len(calls) == 1, str(sorted(r.stats["cache"] for r in results))
-    assert sorted(r.stats["cache"] for r in results) == ["hit"] * 7 + ["miss"]
+    assert len(calls) == 1, str(sorted(r.stats.cache for r in results))
+    assert sorted(r.stats.cache for r in results) == ["hit"] * 7 + ["miss"]
     assert len({r.answer for r in results}) == 1
 
 
 def test_prefix_hit_prefills_only_the_tail_and_matches_a_cold_run(engine, redis_server, ns, cold):
     eng = redis_engine(engine, redis_server.url)
-    assert ask(eng, Q1, ns).stats["cache"] == "miss"  # stores the documents' prefix
+    assert ask(eng, Q1, ns).stats.cache == "miss"  # stores the documents' prefix
     calls = counting(eng)
     done = ask(eng, Q2, ns)
     layout = eng.build_prompt(Q2, DOCS, options().generation)
     tail = layout.num_tokens - layout.prefix_len
     assert tail > 8  # longer than the window: the forward covers exactly the tail
-    assert done.stats["cache"] == "prefix-hit"
-    assert calls == [tail] and done.stats["prefill_tokens"] == tail
+    assert done.stats.cache == "prefix-hit"
+    assert calls == [tail] and done.stats.prefill_tokens == tail
     assert done.answer == cold(Q2)
-    assert ask(eng, Q2, ns).stats["cache"] == "hit"
+    assert ask(eng, Q2, ns).stats.cache == "hit"
 
 
 def test_prefix_hit_with_a_window_longer_than_the_tail_crops_the_prefix(
@@ -220,7 +220,7 @@ def test_prefix_hit_with_a_window_longer_than_the_tail_crops_the_prefix(
     done = ask(eng, Q2, ns, opts)
     layout = eng.build_prompt(Q2, DOCS, opts.generation)
     assert layout.num_tokens - layout.prefix_len < 40
-    assert done.stats["cache"] == "prefix-hit" and done.stats["prefill_tokens"] == 40
+    assert done.stats.cache == "prefix-hit" and done.stats.prefill_tokens == 40
     assert done.answer == cold(Q2, window=40)
 
 
@@ -229,20 +229,20 @@ def test_presses_that_vote_with_every_query_do_not_reuse_prefixes(engine, redis_
     opts = options(press=H2OPress(budget=48, window=8), tokens=2)
     ask(eng, Q1, ns, opts)
     done = ask(eng, Q2, ns, opts)  # H2O scores with every prompt query: a tail alone would differ
-    assert done.stats["cache"] == "miss"
-    assert done.stats["prefill_tokens"] == done.stats["prompt_tokens"]
+    assert done.stats.cache == "miss"
+    assert done.stats.prefill_tokens == done.stats.prompt_tokens
 
 
 def test_namespaces_never_see_each_other(engine, redis_server, ns):
     eng = redis_engine(engine, redis_server.url)
-    assert ask(eng, Q1, ns + "-a").stats["cache"] == "miss"
-    assert ask(eng, Q1, ns + "-b").stats["cache"] == "miss"  # neither tier crosses over
-    assert ask(eng, Q1, ns + "-a").stats["cache"] == "hit"
+    assert ask(eng, Q1, ns + "-a").stats.cache == "miss"
+    assert ask(eng, Q1, ns + "-b").stats.cache == "miss"  # neither tier crosses over
+    assert ask(eng, Q1, ns + "-a").stats.cache == "hit"
 
 
 def test_no_store_means_cache_off(engine, ns):
     eng = RagSnapEngine(engine.loaded, store=open_store("none"))
-    assert ask(eng, Q1, ns).stats["cache"] == "off"
+    assert ask(eng, Q1, ns).stats.cache == "off"
 
 
 def test_the_default_press_is_cached_and_reuses_prefixes(engine, redis_server, ns):
@@ -253,8 +253,8 @@ def test_the_default_press_is_cached_and_reuses_prefixes(engine, redis_server, n
     opts = options(press=make_press(budget=48), tokens=4)  # the default window (32) > the tail
     eng = redis_engine(engine, redis_server.url)
     first, again = ask(eng, Q1, ns, opts), ask(eng, Q1, ns, opts)
-    assert (first.stats["cache"], again.stats["cache"]) == ("miss", "hit")
+    assert (first.stats.cache, again.stats.cache) == ("miss", "hit")
     assert again.answer == first.answer
     reused = ask(eng, Q2, ns, opts)
-    assert reused.stats["cache"] == "prefix-hit"
+    assert reused.stats.cache == "prefix-hit"
     assert reused.answer == engine.answer(Q2, DOCS, opts).answer

@@ -95,17 +95,15 @@ def test_stream_events_and_stats(engine) -> None:
     done = events[-1]
     assert tokens and "".join(t.text for t in tokens) == done.answer
     stats = done.stats
-    assert stats["press"] == "snapkv" and stats["budget"] == 64
-    assert stats["prompt_tokens"] == events[0].prompt_tokens > 64
-    assert stats["kept_tokens"] == 64
-    assert 0 < stats["kv_bytes_kept"] < stats["kv_bytes_full"]
-    assert stats["kv_bytes_kept"] / stats["kv_bytes_full"] == pytest.approx(
-        64 / stats["prompt_tokens"]
-    )
+    assert stats.press == "snapkv" and stats.budget == 64
+    assert stats.prompt_tokens == events[0].prompt_tokens > 64
+    assert stats.kept_tokens == 64
+    assert 0 < stats.kv_bytes_kept < stats.kv_bytes_full
+    assert stats.kv_bytes_kept / stats.kv_bytes_full == pytest.approx(64 / stats.prompt_tokens)
     for key in ("prefill_s", "compress_s", "ttft_s"):
-        assert stats[key] >= 0
-    assert stats["compress_s"] <= stats["prefill_s"]
-    assert done.answer.strip() and 1 <= stats["new_tokens"] <= 24
+        assert getattr(stats, key) >= 0
+    assert stats.compress_s <= stats.prefill_s
+    assert done.answer.strip() and 1 <= stats.new_tokens <= 24
 
 
 # -- needle in a haystack ----------------------------------------------------------------

@@ -100,11 +100,11 @@ def test_batched_answers_equal_serial_answers_and_requests_interleave(engine_tin
     scheduler = run(engine_tiny, batched, max_batch=8)
     assert [r.done.answer for r in batched] == [r.done.answer for r in serial]
     assert all(r.outcome == "ok" for r in batched)
-    assert [r.done.stats["new_tokens"] for r in batched] == [6, 9, 12, 15]
+    assert [r.done.stats.new_tokens for r in batched] == [6, 9, 12, 15]
     for r in batched:
         assert isinstance(r.events[0], MetaEvent) and isinstance(r.events[-1], DoneEvent)
     # the longest request kept decoding while the later ones prefilled and joined
-    assert scheduler.stats.steps < sum(r.done.stats["new_tokens"] for r in batched)
+    assert scheduler.stats.steps < sum(r.done.stats.new_tokens for r in batched)
 
 
 def test_a_cancelled_request_leaves_and_the_others_are_unchanged(engine_tiny) -> None:

@@ -31,6 +31,7 @@ from api.settings import Settings
 from api.streaming import JobStreamingResponse, sse
 from api.worker import AnswerJob, JobFailure
 from ragsnap.events import CitationsEvent, DoneEvent, TokenEvent
+from ragsnap.stats import AnswerStats
 
 router = APIRouter(tags=["openai"])
 
@@ -39,17 +40,12 @@ def served_names(services: Services, settings: Settings) -> list[str]:
     return [services.model_id, settings.served_model_name]
 
 
-def _usage(stats: dict[str, Any]) -> dict[str, int]:
-    prompt, completion = int(stats.get("prompt_tokens", 0)), int(stats.get("new_tokens", 0))
+def _usage(stats: AnswerStats) -> dict[str, int]:
     return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.new_tokens,
+        "total_tokens": stats.prompt_tokens + stats.new_tokens,
     }
-
-
-def _finish_reason(stats: dict[str, Any], max_new_tokens: int) -> str:
-    return "length" if int(stats.get("new_tokens", 0)) >= max_new_tokens else "stop"
 
 
 @router.get("/v1/models")
@@ -88,9 +84,10 @@ async def completion_chunks(
         elif isinstance(item, DoneEvent):
             stats = item.stats
             citations = event_payload(CitationsEvent(item.citations))["citations"]
-            finish = _finish_reason(stats, job.options.generation.max_new_tokens)
             usage = _usage(stats)
-            yield chunk({}, finish, citations=citations, ragsnap=stats, usage=usage)
+            yield chunk(
+                {}, stats.finish_reason, citations=citations, ragsnap=stats.to_dict(), usage=usage
+            )
             if include_usage:
                 yield sse({**base, "choices": [], "usage": usage})
     yield sse("[DONE]")
@@ -149,10 +146,10 @@ async def chat_completions(
                 "index": 0,
                 "message": {"role": "assistant", "content": done.answer},
                 "logprobs": None,
-                "finish_reason": _finish_reason(done.stats, options.generation.max_new_tokens),
+                "finish_reason": done.stats.finish_reason,
             }
         ],
         "usage": _usage(done.stats),
         "citations": [c.to_dict() for c in done.citations],
-        "ragsnap": done.stats,
+        "ragsnap": done.stats.to_dict(),
     }

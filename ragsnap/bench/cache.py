@@ -22,11 +22,14 @@ import tempfile
 import time
 import uuid
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ragsnap.errors import ConfigError
+
+if TYPE_CHECKING:
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +103,7 @@ def sample_documents(tokenizer: Any, context: int) -> list[Any]:
     return documents
 
 
-def _ttft(
-    engine: Any, question: str, documents: list[Any], options: Any, namespace: str
-) -> dict[str, Any]:
+def _ttft(engine: Any, question: str, documents: list[Any], options: Any, namespace: str) -> Any:
     from ragsnap.events import DoneEvent
 
     done = None
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
             miss = _ttft(engine, QUESTION_A, documents, options, namespace)
             hit = _ttft(engine, QUESTION_A, documents, options, namespace)
             prefix = _ttft(engine, QUESTION_B, documents, options, namespace)
-            statuses = (miss["cache"], hit["cache"], prefix["cache"])
+            statuses = (miss.cache, hit.cache, prefix.cache)
             if statuses != ("miss", "hit", "prefix-hit"):
                 raise ConfigError(f"the store did not cache as expected: {statuses}", field="cache")
             layout = engine.build_prompt(QUESTION_A, documents, options.generation)
@@ -171,19 +172,19 @@ def run(args: argparse.Namespace) -> int:
             sizes = {
                 "bytes_compressed": len(payload),
                 "bytes_prefix": len(prefix_payload or b""),
-                "bytes_full_kv": miss["kv_bytes_full"],
-                "kv_bytes_kept": miss["kv_bytes_kept"],
+                "bytes_full_kv": miss.kv_bytes_full,
+                "kv_bytes_kept": miss.kv_bytes_kept,
             }
-            prompt_tokens = miss["prompt_tokens"]
+            prompt_tokens = miss.prompt_tokens
             rows.append(
                 {
-                    "ttft_miss_s": miss["ttft_s"],
-                    "ttft_hit_s": hit["ttft_s"],
-                    "ttft_prefix_hit_s": prefix["ttft_s"],
+                    "ttft_miss_s": miss.ttft_s,
+                    "ttft_hit_s": hit.ttft_s,
+                    "ttft_prefix_hit_s": prefix.ttft_s,
                     "read_floor_s": floor,
-                    "hit_load_s": hit["cache_load_s"],
+                    "hit_load_s": hit.cache_load_s,
                     "prefix_read_s": prefix_read,
-                    "prefix_hit_prefill_tokens": prefix["prefill_tokens"],
+                    "prefix_hit_prefill_tokens": prefix.prefill_tokens,
                 }
             )
             logger.info("repetition %d: %s", rep + 1, rows[-1])

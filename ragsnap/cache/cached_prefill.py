@@ -54,14 +54,6 @@ class CacheReport:
     load_s: float = 0.0
     pending: list[tuple[EntryKey, Callable[[], bytes]]] = field(default_factory=list, repr=False)
 
-    def as_stats(self) -> dict[str, Any]:
-        return {
-            "cache": self.status,
-            "cache_bytes_read": self.bytes_read,
-            "cache_bytes_written": self.bytes_written,
-            "cache_load_s": round(self.load_s, 4),
-        }
-
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 

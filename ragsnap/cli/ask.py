@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from ragsnap.cli.options import (
     add_cache_options,
@@ -16,6 +17,10 @@ from ragsnap.cli.options import (
     press_from_args,
 )
 from ragsnap.errors import InputError
+
+if TYPE_CHECKING:
+    from ragsnap.events import DoneEvent
+    from ragsnap.stats import AnswerStats
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         payload = {
             "answer": done.answer,
             "citations": [c.to_dict() for c in done.citations],
-            "stats": done.stats,
+            "stats": done.stats.to_dict(),
         }
         print(json.dumps(payload, indent=2))
         return 0
@@ -104,7 +109,7 @@ def gather_documents(args: argparse.Namespace) -> list:  # type: ignore[type-arg
     return documents
 
 
-def print_summary(done) -> None:  # type: ignore[no-untyped-def]
+def print_summary(done: DoneEvent) -> None:
     stats = done.stats
     print("---")
     if done.citations:
@@ -113,26 +118,26 @@ def print_summary(done) -> None:  # type: ignore[no-untyped-def]
             print(f"[{c.index}] {c.title or c.doc_id}{kept}")
     else:
         print("no citations")
-    ratio = stats["kv_bytes_kept"] / stats["kv_bytes_full"] if stats["kv_bytes_full"] else 1.0
+    full, kv_kept = stats.kv_bytes_full, stats.kv_bytes_kept
+    ratio = kv_kept / full if full else 1.0
     print(
-        f"press {stats['press']}: kept {stats['kept_tokens']}/{stats['prompt_tokens']} tokens per head, "
-        f"KV {stats['kv_bytes_kept'] / 2**20:.1f}/{stats['kv_bytes_full'] / 2**20:.1f} MiB ({ratio:.0%})"
+        f"press {stats.press}: kept {stats.kept_tokens}/{stats.prompt_tokens} tokens per head, "
+        f"KV {kv_kept / 2**20:.1f}/{full / 2**20:.1f} MiB ({ratio:.0%})"
     )
-    decode = stats["decode_ms_per_token"]
+    decode = stats.decode_ms_per_token
     print(
-        f"prefill {stats['prefill_s']:.2f}s (compression {stats['compress_s']:.3f}s), "
-        f"first token {stats['ttft_s']:.2f}s, decode "
+        f"prefill {stats.prefill_s:.2f}s (compression {stats.compress_s:.3f}s), "
+        f"first token {stats.ttft_s:.2f}s, decode "
         + (f"{decode:.1f} ms/token" if decode is not None else "n/a")
-        + f", cache {stats['cache']}"
+        + f", cache {stats.cache}"
         + _cache_detail(stats)
     )
 
 
-def _cache_detail(stats: dict) -> str:
-    read, written = stats.get("cache_bytes_read", 0), stats.get("cache_bytes_written", 0)
+def _cache_detail(stats: AnswerStats) -> str:
     parts = []
-    if read:
-        parts.append(f"{read / 2**20:.1f} MiB read in {stats.get('cache_load_s', 0.0):.2f}s")
-    if written:
-        parts.append(f"{written / 2**20:.1f} MiB written")
+    if stats.cache_bytes_read:
+        parts.append(f"{stats.cache_bytes_read / 2**20:.1f} MiB read in {stats.cache_load_s:.2f}s")
+    if stats.cache_bytes_written:
+        parts.append(f"{stats.cache_bytes_written / 2**20:.1f} MiB written")
     return f" ({', '.join(parts)})" if parts else ""

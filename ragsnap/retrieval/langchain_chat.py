@@ -40,7 +40,7 @@ def _payload(event: AnswerEvent) -> dict[str, Any]:
         return {"text": event.text}
     if isinstance(event, DoneEvent):
         citations = [c.to_dict() for c in event.citations]
-        return {"answer": event.answer, "citations": citations, "stats": event.stats}
+        return {"answer": event.answer, "citations": citations, "stats": event.stats.to_dict()}
     return {"citations": [c.to_dict() for c in event.citations]}
 
 

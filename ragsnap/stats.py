@@ -1,0 +1,44 @@
+"""Typed statistics of one answer: what the prompt, the press, the cache and decoding did.
+
+One dataclass, one serializer (:meth:`AnswerStats.to_dict`): the SSE ``done`` event, the
+OpenAI route, LangChain's ``response_metadata``, ``ragsnap ask --json`` and the metrics
+all read these fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class AnswerStats:
+    """Statistics of one answer (seconds, tokens per KV head, bytes)."""
+
+    model: str
+    device: str
+    press: str
+    press_config: dict[str, Any]
+    budget: int | None
+    prompt_tokens: int
+    kept_tokens: int  # mean over compressed layers of the entries kept per KV head
+    kept_tokens_per_layer: list[int]
+    prefill_tokens: int  # tokens this request ran through the model (0 on a cache hit)
+    prefill_s: float
+    compress_s: float
+    ttft_s: float
+    decode_ms_per_token: float | None
+    new_tokens: int
+    kv_bytes_full: int
+    kv_bytes_kept: int
+    total_s: float
+    cache: str = "off"  # off | miss | hit | prefix-hit | unavailable
+    cache_bytes_read: int = 0
+    cache_bytes_written: int = 0
+    cache_load_s: float = 0.0
+    finish_reason: str = "stop"  # stop | length
+    dropped_doc_ids: list[str] = field(default_factory=list)
+    truncated_doc_ids: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
