@@ -9,9 +9,9 @@ from langchain_core.documents import Document as LCDocument
 from langchain_core.messages import AIMessageChunk, HumanMessage
 
 from ragsnap.errors import InputError
-from ragsnap.retrieval.langchain_chat import ChatRagSnap
-from ragsnap.retrieval.langchain_rag import cited_documents, make_rag_chain
-from ragsnap.retrieval.langchain_retriever import RagSnapRetriever, from_langchain_documents
+from ragsnap.integrations.langchain.chat import ChatRagSnap
+from ragsnap.integrations.langchain.rag import cited_documents, make_rag_chain
+from ragsnap.integrations.langchain.retriever import RagSnapRetriever, from_langchain_documents
 from tests.api_helpers import FAST, running_server
 
 QUESTION = "What causes tides?"

@@ -10,8 +10,8 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 
-from ragsnap.retrieval.langchain_chat import ChatRagSnap
-from ragsnap.retrieval.langchain_retriever import from_langchain_documents
+from ragsnap.integrations.langchain.chat import ChatRagSnap
+from ragsnap.integrations.langchain.retriever import from_langchain_documents
 
 
 def cited_documents(

@@ -28,7 +28,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from ragsnap.documents import Document
 from ragsnap.errors import InputError, RagSnapError
 from ragsnap.events import AnswerEvent, DoneEvent, MetaEvent, TokenEvent
-from ragsnap.retrieval.langchain_retriever import from_langchain_documents
+from ragsnap.integrations.langchain.retriever import from_langchain_documents
 
 Event = tuple[str, dict[str, Any]]  # ("meta" | "token" | "citations" | "done", payload)
 
