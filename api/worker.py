@@ -23,6 +23,7 @@ from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions, RagSnapEngine
 from ragsnap.errors import RagSnapError
 from ragsnap.events import AnswerEvent, DoneEvent
+from ragsnap.stopping import stream_answer
 
 logger = logging.getLogger("ragsnap.api.worker")
 
@@ -198,7 +199,8 @@ class EngineWorker:
     def _answer(self, job: AnswerJob) -> None:
         job.started_at = time.perf_counter()
         self.metrics.queue_wait.observe(job.started_at - job.accepted_at)
-        events: Generator[AnswerEvent, None, None] = self.engine.stream(  # type: ignore[assignment]
+        events: Generator[AnswerEvent, None, None] = stream_answer(  # type: ignore[assignment]
+            self.engine,
             job.question,
             job.documents,
             job.options,

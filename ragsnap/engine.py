@@ -22,7 +22,7 @@ from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, To
 from ragsnap.generation import GenerationConfig, TokenSampler, stop_token_ids
 from ragsnap.kv import cache_nbytes, derive_cache
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
-from ragsnap.prompt import PromptLayout, assemble_prompt
+from ragsnap.prompt import ChatContext, PromptLayout, assemble_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class AnswerOptions:
 
     press: Press = field(default_factory=make_press)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    chat: ChatContext | None = None  # a chat's instructions and prior turns (prompt tail)
 
 
 class RagSnapEngine:
@@ -138,6 +139,7 @@ class RagSnapEngine:
         generation: GenerationConfig,
         *,
         answer_prefix: str = "",
+        chat: ChatContext | None = None,
     ) -> PromptLayout:
         budget = self.loaded.context_length - generation.max_new_tokens
         return assemble_prompt(
@@ -146,6 +148,7 @@ class RagSnapEngine:
             documents,
             max_prompt_tokens=budget,
             answer_prefix=answer_prefix,
+            chat=chat,
         )
 
     def new_cache(self) -> Any:
@@ -312,7 +315,7 @@ class RagSnapEngine:
         """
         options = options or AnswerOptions()
         started = time.perf_counter()
-        layout = self.build_prompt(question, documents, options.generation)
+        layout = self.build_prompt(question, documents, options.generation, chat=options.chat)
         prefill, report = self._cached_prefill(layout, options.press, question, namespace)
         yield MetaEvent(
             prompt_tokens=layout.num_tokens,

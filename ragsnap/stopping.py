@@ -1,0 +1,125 @@
+"""Stop sequences: the answer ends just before the first occurrence of any of them.
+
+The engine decodes tokens; a stop string can end in the middle of a token or span
+several, so matching happens on the decoded text. Text that could still become the start
+of a stop string is held back until the next piece decides it. When one matches, the
+engine is asked to stop (``should_stop``) and finishes with its usual citations and
+statistics, which are rewritten for the cut answer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ragsnap.citations import Citation, cited_indices
+from ragsnap.documents import Document
+from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, TokenEvent
+
+
+class StopMatcher:
+    """Feeds answer text piece by piece; returns what may be shown now.
+
+    ``matched`` is the stop string found (None until then); ``text`` the answer so far,
+    cut before the stop string once one matched.
+    """
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.stop = [s for s in stop if s]
+        self.text = ""
+        self.matched: str | None = None
+        self._shown = 0
+
+    def feed(self, piece: str) -> str:
+        if self.matched is not None:
+            return ""
+        self.text += piece
+        found = [(self.text.find(s), s) for s in self.stop]
+        found = [(at, s) for at, s in found if at >= 0]
+        if found:
+            at, self.matched = min(found)
+            self.text = self.text[:at]
+            return self._show(at)
+        return self._show(len(self.text) - self._held_back())
+
+    def flush(self) -> str:
+        """The held-back tail once the answer ended without a match."""
+        return self._show(len(self.text))
+
+    def _held_back(self) -> int:
+        """Length of the longest end of ``text`` that starts some stop string."""
+        hold = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), hold, -1):
+                if self.text.endswith(s[:k]):
+                    hold = k
+                    break
+        return hold
+
+    def _show(self, end: int) -> str:
+        end = max(end, self._shown)
+        piece, self._shown = self.text[self._shown : end], end
+        return piece
+
+
+def cited_in(answer: str, citations: Sequence[Citation]) -> list[Citation]:
+    """The citations whose ``[n]`` marker is still in ``answer``."""
+    kept = set(cited_indices(answer))
+    return [c for c in citations if c.index in kept]
+
+
+def apply_stop(
+    events: Iterator[AnswerEvent], stop: Sequence[str], request_stop: Callable[[], None]
+) -> Iterator[AnswerEvent]:
+    """``events`` with the answer cut at the first stop string; calls ``request_stop()``
+    when one matched so the engine ends after its current decode step. The ``done``
+    stats gain ``stop_sequence`` (the string matched, or None)."""
+    matcher = StopMatcher(stop)
+    for event in events:
+        if isinstance(event, TokenEvent):
+            before = matcher.matched
+            text = matcher.feed(event.text)
+            if text:
+                yield TokenEvent(text=text)
+            if before is None and matcher.matched is not None:
+                request_stop()
+        elif isinstance(event, CitationsEvent):
+            rest = matcher.flush()
+            if rest:
+                yield TokenEvent(text=rest)
+            yield CitationsEvent(citations=cited_in(matcher.text, event.citations))
+        elif isinstance(event, DoneEvent):
+            answer = matcher.text if matcher.matched is not None else event.answer
+            stats: dict[str, Any] = {**event.stats, "stop_sequence": matcher.matched}
+            yield DoneEvent(answer=answer, citations=cited_in(answer, event.citations), stats=stats)
+        else:
+            yield event
+
+
+def stream_answer(
+    engine: Any,
+    question: str,
+    documents: Sequence[Document],
+    options: Any,
+    should_stop: Callable[[], bool] | None = None,
+    namespace: str = "default",
+) -> Iterator[AnswerEvent]:
+    """``engine.stream(...)`` honouring ``options.generation.stop``; closing it closes the
+    engine's stream (generation stops)."""
+    stop = tuple(options.generation.stop) if options is not None else ()
+    if not stop:
+        yield from engine.stream(
+            question, documents, options, should_stop=should_stop, namespace=namespace
+        )
+        return
+    hit = threading.Event()
+
+    def halt() -> bool:
+        return hit.is_set() or (should_stop is not None and should_stop())
+
+    events = engine.stream(question, documents, options, should_stop=halt, namespace=namespace)
+    try:
+        yield from apply_stop(events, stop, hit.set)
+    finally:
+        events.close()
