@@ -73,10 +73,27 @@ class RetrievalFields(BaseModel):
     compression: CompressionIn | None = None
 
 
-class AnswerRequest(RetrievalFields):
-    """``POST /v1/answer``."""
+class TurnIn(BaseModel):
+    """An earlier turn of the conversation."""
 
     model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant"]
+    content: str = Field(max_length=100_000)
+
+
+StopIn = str | list[str] | None
+
+
+class AnswerRequest(RetrievalFields):
+    """``POST /v1/answer``. ``instructions`` and ``history`` (a chat's own instructions and
+    earlier turns) go into the prompt before the question; ``stop`` cuts the answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instructions: str | None = Field(default=None, max_length=100_000)
+    history: list[TurnIn] | None = Field(default=None, max_length=256)
+    stop: StopIn = None
 
     question: str = Field(min_length=1, max_length=1_000_000)
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)

@@ -10,7 +10,7 @@ statistics, which are rewritten for the cut answer.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 from ragsnap.citations import Citation, cited_indices
@@ -104,7 +104,7 @@ def stream_answer(
     options: Any,
     should_stop: Callable[[], bool] | None = None,
     namespace: str = "default",
-) -> Iterator[AnswerEvent]:
+) -> Generator[AnswerEvent, None, None]:
     """``engine.stream(...)`` honouring ``options.generation.stop``; closing it closes the
     engine's stream (generation stops)."""
     stop = tuple(options.generation.stop) if options is not None else ()

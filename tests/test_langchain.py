@@ -36,7 +36,7 @@ def retriever(tmp_path_factory):
         "Tides are caused by the gravity of the Moon pulling the oceans."
     )
     (corpus / "bees.md").write_text("Honeybees dance to show the hive where flowers are.")
-    return RagSnapRetriever.from_directory(corpus, top_k=1)
+    return RagSnapRetriever.from_directory(corpus, k=1)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_bad_setup_and_inputs_are_clear_errors(engine):
     chat = ChatRagSnap(engine=engine, max_new_tokens=2)
     with pytest.raises(InputError, match="no documents"):
         chat.invoke(QUESTION)
-    with pytest.raises(InputError, match="human message"):
+    with pytest.raises(InputError, match="last user message"):
         chat.invoke([HumanMessage("   ")], documents=DOCS)
 
 
@@ -138,3 +138,138 @@ def test_remote_chat_model_against_a_server(engine):
                 QUESTION, documents=DOCS
             )
         assert info.value.field == "compression.press"
+
+
+# -- LangChain conventions: context in the messages, multi-turn chat, stop, unsupported features
+
+
+def lcel_chain(retriever, chat):
+    from langchain_core.output_parsers import StrOutputParser
+    from langchain_core.prompts import ChatPromptTemplate
+    from langchain_core.runnables import RunnablePassthrough
+
+    def format_docs(docs):  # the tutorials' own helper: text joined by blank lines
+        return "\n\n".join(d.page_content for d in docs)
+
+    prompt = ChatPromptTemplate.from_messages(
+        [
+            ("system", "Answer based only on the following context:\n{context}"),
+            ("human", "{question}"),
+        ]
+    )
+    return (
+        {"context": retriever | format_docs, "question": RunnablePassthrough()}
+        | prompt
+        | chat
+        | StrOutputParser()
+    )
+
+
+def test_the_canonical_lcel_chain_answers_from_the_context(engine, retriever):
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    seen: list = []
+
+    class Capture(BaseCallbackHandler):
+        def on_llm_end(self, response, **kwargs):
+            seen.append(response.generations[0][0].message)
+
+    chat = ChatRagSnap(engine=engine, compression=FAST, max_new_tokens=6)
+    answer = lcel_chain(retriever, chat).invoke(QUESTION, {"callbacks": [Capture()]})
+    assert isinstance(answer, str) and answer.strip()
+    # the retrieved passage became the prompt's one document
+    meta = seen[0].response_metadata
+    assert [d["id"] for d in meta["documents"]] == ["1"]
+    assert meta["prompt_tokens"] > 40
+
+
+def test_ragsnap_format_docs_keeps_ids_through_the_messages(engine):
+    from langchain_core.messages import SystemMessage
+
+    from ragsnap.integrations.langchain import format_docs
+
+    chat = ChatRagSnap(engine=engine, compression=FAST, max_new_tokens=4)
+    message = chat.invoke([SystemMessage(f"Context:\n{format_docs(DOCS)}"), HumanMessage(QUESTION)])
+    meta = message.response_metadata
+    assert [(d["id"], d["title"]) for d in meta["documents"]] == [
+        ("bees", "Bees"),
+        ("tides", "Tides"),
+    ]
+
+
+def test_multi_turn_history_reaches_the_prompt_and_the_retriever(engine, tmp_path):
+    from langchain_core.messages import AIMessage, SystemMessage
+
+    (tmp_path / "penicillin.md").write_text("Alexander Fleming discovered penicillin in 1928.")
+    (tmp_path / "tides.md").write_text("Tides follow the Moon.")
+    queries: list[str] = []
+    bm25 = RagSnapRetriever.from_directory(tmp_path, k=1)
+
+    class Spy(RagSnapRetriever):
+        def _get_relevant_documents(self, query, *, run_manager, k=None):
+            queries.append(query)
+            return super()._get_relevant_documents(query, run_manager=run_manager, k=k)
+
+    spy = Spy(index=bm25.index, k=1)
+    chat = ChatRagSnap(engine=engine, retriever=spy, compression=FAST, max_new_tokens=4)
+    first = [HumanMessage("Who discovered penicillin?")]
+    one = chat.invoke(first)
+    follow_up = [
+        SystemMessage("Answer in one word."),
+        *first,
+        AIMessage("Alexander Fleming [1]."),
+        HumanMessage("In which year?"),
+    ]
+    two = chat.invoke(follow_up)
+    # the follow-up alone names nothing; the standalone query still finds penicillin
+    assert queries[-1] == "Who discovered penicillin? In which year?"
+    assert [d["id"] for d in two.response_metadata["documents"]] == ["penicillin.md#1"]
+    # instructions and the earlier turns made the prompt longer than the question alone
+    extra = two.response_metadata["prompt_tokens"] - one.response_metadata["prompt_tokens"]
+    assert extra >= len(engine.tokenizer("Alexander Fleming [1]. Answer in one word.")["input_ids"])
+    rewritten = ChatRagSnap(
+        engine=engine,
+        retriever=spy,
+        standalone_question=lambda messages: "penicillin discovery year",
+        compression=FAST,
+        max_new_tokens=2,
+    )
+    rewritten.invoke(follow_up)
+    assert queries[-1] == "penicillin discovery year"
+
+
+def test_stop_cuts_the_answer(chat):
+    full = chat.invoke(QUESTION, documents=DOCS).content
+    assert len(full) >= 4
+    stop = full[2:4]  # occurs in the greedy answer, after its first two characters
+    cut = chat.invoke(QUESTION, documents=DOCS, stop=[stop])
+    assert cut.content == full[: full.index(stop)]
+    assert cut.response_metadata["ragsnap"]["stop_sequence"] == stop
+    assert cut.response_metadata["finish_reason"] == "stop"
+    bound = ChatRagSnap(engine=chat.engine, compression=FAST, max_new_tokens=6, stop=[stop])
+    chunks = list(bound.stream(QUESTION, documents=DOCS))
+    assert "".join(c.content for c in chunks) == cut.content
+
+
+def test_unsupported_features_fail_when_bound_and_tracing_names_the_model(chat):
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        text: str
+
+    with pytest.raises(NotImplementedError, match="tool calling"):
+        chat.bind_tools([Answer])
+    with pytest.raises(NotImplementedError, match="structured output"):
+        chat.with_structured_output(Answer)
+    with pytest.raises(InputError, match="unsupported argument"):
+        chat.invoke(QUESTION, documents=DOCS, tools=[{"type": "function"}])
+    params = chat._get_ls_params()
+    assert params["ls_model_name"] == chat.engine.loaded.model_id
+    assert params["ls_provider"] == "ragsnap" and params["ls_max_tokens"] == 6
+
+
+def test_a_retriever_that_finds_nothing_still_gets_an_answer(engine, retriever):
+    chat = ChatRagSnap(engine=engine, retriever=retriever, compression=FAST, max_new_tokens=4)
+    message = chat.invoke("zzzz qqqq?")  # no passage matches
+    assert message.response_metadata["documents"] == []
+    assert message.content.strip()

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ragsnap.integrations.langchain.chat import ChatRagSnap
-    from ragsnap.integrations.langchain.messages import format_docs
-    from ragsnap.integrations.langchain.rag import cited_documents, make_rag_chain
+    from ragsnap.integrations.langchain.rag import cited_documents, format_docs, make_rag_chain
     from ragsnap.integrations.langchain.retriever import (
         RagSnapRetriever,
         from_langchain_documents,
@@ -21,14 +20,22 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "ChatRagSnap": "chat",
-    "format_docs": "messages",
+    "format_docs": "rag",
     "cited_documents": "rag",
     "make_rag_chain": "rag",
     "RagSnapRetriever": "retriever",
     "from_langchain_documents": "retriever",
     "to_langchain_document": "retriever",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ChatRagSnap",
+    "RagSnapRetriever",
+    "cited_documents",
+    "format_docs",
+    "from_langchain_documents",
+    "make_rag_chain",
+    "to_langchain_document",
+]
 
 
 def __getattr__(name: str) -> Any:

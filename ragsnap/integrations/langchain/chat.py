@@ -1,10 +1,16 @@
 """``ChatRagSnap``: ragsnap as a LangChain chat model, in-process or against a ragsnap server.
 
-The question is the last human message; the documents come with the call
-(``chat.invoke(question, documents=docs)``) or from a bound ``retriever``. Tokens stream
-as ``AIMessageChunk``s; the last chunk carries ``usage_metadata`` and, in
+Documents come with the call (``chat.invoke(question, documents=docs)``), from a bound
+``retriever`` (searched with a standalone question: the question after the previous user
+turns, or what ``standalone_question`` returns), or inside the messages, as the LCEL
+pattern ``{"context": retriever | format_docs, "question": RunnablePassthrough()} |
+prompt | chat`` puts them there; :mod:`ragsnap.conversation` says exactly how message
+text becomes the question, instructions, history and documents. System instructions and
+earlier turns reach the prompt; ``stop`` cuts the answer. Tokens stream as
+``AIMessageChunk``s; the last chunk carries ``usage_metadata`` and, in
 ``response_metadata``, the citations, cache status, prompt and kept tokens and every
-engine statistic. Needs the ``langchain`` extra (langchain-core, httpx).
+engine statistic. Tools and structured output are refused when bound. Needs the
+``langchain`` extra (langchain-core, httpx).
 """
 
 from __future__ import annotations
@@ -12,25 +18,39 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.language_models.chat_models import agenerate_from_stream, generate_from_stream
-from langchain_core.messages import AIMessageChunk, BaseMessage, HumanMessage
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+)
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
+from ragsnap.conversation import ChatMessageText, ParsedChat, parse_messages
 from ragsnap.documents import Document
 from ragsnap.errors import InputError, RagSnapError
 from ragsnap.events import AnswerEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.integrations.langchain.retriever import from_langchain_documents
 
 Event = tuple[str, dict[str, Any]]  # ("meta" | "token" | "citations" | "done", payload)
+# per-call keyword arguments ChatRagSnap understands; anything else is refused by name
+CALL_KWARGS = frozenset({"documents", "model"})
+NOT_SUPPORTED = (
+    "ChatRagSnap answers questions from documents with citations; it does not support {what}"
+)
 
 
 def _payload(event: AnswerEvent) -> dict[str, Any]:
@@ -74,25 +94,57 @@ def _service_error(status: int, body: Any) -> RagSnapError:
     return cls(message, field=error.get("param"))
 
 
+def message_text(message: BaseMessage, where: str) -> ChatMessageText:
+    """A LangChain message as role and text; tool traffic and non-text parts are refused."""
+    if isinstance(message, AIMessage) and (message.tool_calls or message.invalid_tool_calls):
+        raise InputError(f"{where}: " + NOT_SUPPORTED.format(what="tool calls"), field=where)
+    if isinstance(message.content, list) and any(
+        isinstance(part, dict) and part.get("type") not in (None, "text")
+        for part in message.content
+    ):
+        raise InputError(f"{where}: only text content is supported", field=where)
+    if isinstance(message, SystemMessage):
+        return ChatMessageText("system", message.text)
+    if isinstance(message, HumanMessage):
+        return ChatMessageText("user", message.text)
+    if isinstance(message, AIMessage):
+        return ChatMessageText("assistant", message.text)
+    if isinstance(message, ChatMessage) and message.role in ("system", "user", "assistant"):
+        return ChatMessageText(message.role, message.text)  # type: ignore[arg-type]
+    raise InputError(
+        f"{where}: {message.type} messages are not supported (system, human and ai are)",
+        field=where,
+    )
+
+
 class ChatRagSnap(BaseChatModel):
     """ragsnap as a LangChain chat model.
 
     Give ``engine`` (a loaded :class:`ragsnap.engine.RagSnapEngine`, used under a lock) or
     ``base_url`` (a running ``ragsnap serve``, with ``api_key`` when it wants one).
     ``compression`` takes the API's fields (``press``, ``budget`` | ``ratio``, ``window``...).
+    ``max_tokens`` is an alias of ``max_new_tokens``; ``model`` names the model for tracing
+    (default: the engine's model id, or ``ragsnap`` for a server).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
 
     engine: Any = None
     base_url: str | None = None
     api_key: SecretStr | None = None
     retriever: BaseRetriever | None = None
+    standalone_question: Runnable[Any, Any] | Callable[[list[BaseMessage]], str] | None = None
+    """Turns the conversation into the retriever's query (e.g. an LLM chain); default:
+    the question after the previous user turns."""
     compression: dict[str, Any] = Field(default_factory=dict)
-    max_new_tokens: int = Field(default=128, ge=1)
+    model_name: str | None = Field(default=None, alias="model")
+    max_new_tokens: int = Field(default=128, ge=1, alias="max_tokens")
     temperature: float = Field(default=0.0, ge=0)
+    stop: list[str] | None = None
     namespace: str = "default"
     timeout: float = 300.0
+    max_retries: int = Field(default=2, ge=0)  # connection retries against a server
+    streaming: bool = False  # accepted for compatibility: invoke and stream answer alike
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
@@ -109,41 +161,101 @@ class ChatRagSnap(BaseChatModel):
         return "ragsnap"
 
     @property
+    def resolved_model_name(self) -> str:
+        if self.model_name:
+            return self.model_name
+        if self.engine is not None:
+            return str(self.engine.loaded.model_id)
+        return "ragsnap"
+
+    @property
     def _identifying_params(self) -> dict[str, Any]:
-        model = self.engine.loaded.model_id if self.engine is not None else self.base_url
         return {
-            "model": model,
+            "model_name": self.resolved_model_name,
+            "base_url": self.base_url,
             "compression": self.compression,
             "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
         }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="ragsnap",
+            ls_model_name=str(kwargs.get("model") or self.resolved_model_name),
+            ls_model_type="chat",
+            ls_temperature=self.temperature,
+            ls_max_tokens=self.max_new_tokens,
+        )
+        if stop or self.stop:
+            params["ls_stop"] = list(stop or self.stop or [])
+        return params
+
+    # -- unsupported features, refused when bound -------------------------------------
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Runnable[Any, AIMessage]:
+        raise NotImplementedError(NOT_SUPPORTED.format(what="tool calling (bind_tools)"))
+
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> Runnable[Any, Any]:
+        raise NotImplementedError(NOT_SUPPORTED.format(what="structured output"))
 
     # -- inputs ----------------------------------------------------------------------
 
-    def _question(self, messages: Sequence[BaseMessage]) -> str:
-        for message in reversed(messages):
-            if isinstance(message, HumanMessage):
-                if message.text.strip():
-                    return message.text
-                break
-        raise InputError("the last human message is missing or empty", field="messages")
-
-    def _documents(self, question: str, documents: Any) -> list[Document]:
-        if documents is None and self.retriever is not None:
-            documents = self.retriever.invoke(question)
-        if not documents:
+    def _parse(self, messages: Sequence[BaseMessage], kwargs: dict[str, Any]) -> ParsedChat:
+        unknown = sorted(set(kwargs) - CALL_KWARGS)
+        if unknown:
             raise InputError(
-                "no documents: pass documents=[...] or bind a retriever", field="documents"
+                f"unsupported argument(s) {', '.join(unknown)}: "
+                + NOT_SUPPORTED.format(what="them"),
+                field=unknown[0],
             )
-        return from_langchain_documents(documents)
+        texts = [message_text(m, f"messages[{i}]") for i, m in enumerate(messages)]
+        return parse_messages(texts)
 
-    async def _adocuments(self, question: str, documents: Any) -> list[Document]:
-        if documents is None and self.retriever is not None:
-            documents = await self.retriever.ainvoke(question)
-        return self._documents(question, documents)
+    def _query(self, messages: list[BaseMessage], parsed: ParsedChat) -> str:
+        rewrite = self.standalone_question
+        if rewrite is None:
+            return parsed.retrieval_query()
+        out = rewrite.invoke(messages) if isinstance(rewrite, Runnable) else rewrite(messages)
+        return str(getattr(out, "content", out))
+
+    def _inputs(
+        self,
+        messages: list[BaseMessage],
+        kwargs: dict[str, Any],
+        run_manager: CallbackManagerForLLMRun | None,
+    ) -> tuple[ParsedChat, list[Document]]:
+        parsed = self._parse(messages, kwargs)
+        given = kwargs.get("documents")
+        if given is None and self.retriever is not None and not parsed.context_labelled:
+            given = self.retriever.invoke(self._query(messages, parsed))
+        ours = from_langchain_documents(given) if given is not None else None
+        return parsed, parsed.documents(ours)
+
+    async def _ainputs(
+        self,
+        messages: list[BaseMessage],
+        kwargs: dict[str, Any],
+        run_manager: AsyncCallbackManagerForLLMRun | None,
+    ) -> tuple[ParsedChat, list[Document]]:
+        parsed = self._parse(messages, kwargs)
+        given = kwargs.get("documents")
+        if given is None and self.retriever is not None and not parsed.context_labelled:
+            rewrite = self.standalone_question
+            if isinstance(rewrite, Runnable):
+                out = await rewrite.ainvoke(messages)
+                query = str(getattr(out, "content", out))
+            else:
+                query = self._query(messages, parsed)
+            given = await self.retriever.ainvoke(query)
+        ours = from_langchain_documents(given) if given is not None else None
+        return parsed, parsed.documents(ours)
+
+    def _stop(self, stop: list[str] | None) -> tuple[str, ...]:
+        return tuple(stop if stop is not None else self.stop or ())
 
     # -- event sources ---------------------------------------------------------------
 
-    def _options(self) -> Any:
+    def _options(self, parsed: ParsedChat, stop: tuple[str, ...]) -> Any:
         from ragsnap.compression import DEFAULT_PRESS, make_press
         from ragsnap.engine import AnswerOptions
         from ragsnap.generation import GenerationConfig
@@ -151,19 +263,26 @@ class ChatRagSnap(BaseChatModel):
         options = dict(self.compression)
         press = make_press(options.pop("press", None) or DEFAULT_PRESS, **options)
         generation = GenerationConfig(
-            max_new_tokens=self.max_new_tokens, temperature=self.temperature
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, stop=stop
         )
-        return AnswerOptions(press=press, generation=generation)
+        return AnswerOptions(press=press, generation=generation, chat=parsed.chat)
 
     def _local_events(
-        self, question: str, documents: list[Document], stop: threading.Event | None = None
+        self,
+        parsed: ParsedChat,
+        documents: list[Document],
+        stop: tuple[str, ...],
+        halt: threading.Event | None = None,
     ) -> Generator[Event, None, None]:
-        should_stop = stop.is_set if stop is not None else None
+        from ragsnap.stopping import stream_answer
+
+        should_stop = halt.is_set if halt is not None else None
         with self._lock:
-            events = self.engine.stream(
-                question,
+            events = stream_answer(
+                self.engine,
+                parsed.question,
                 documents,
-                self._options(),
+                self._options(parsed, stop),
                 should_stop=should_stop,
                 namespace=self.namespace,
             )
@@ -173,27 +292,35 @@ class ChatRagSnap(BaseChatModel):
             finally:
                 events.close()  # an abandoned stream stops generating
 
-    def _request(self, question: str, documents: list[Document]) -> dict[str, Any]:
+    def _request(
+        self, parsed: ParsedChat, documents: list[Document], stop: tuple[str, ...]
+    ) -> dict[str, Any]:
         headers = {"Accept": "text/event-stream"}
         if self.api_key is not None:
             headers["Authorization"] = f"Bearer {self.api_key.get_secret_value()}"
         body = {
-            "question": question,
+            "question": parsed.question,
             "documents": [{"id": d.id, "title": d.title, "text": d.text} for d in documents],
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
             "compression": self.compression or None,
+            "instructions": parsed.instructions or None,
+            "history": [{"role": t.role, "content": t.text} for t in parsed.history] or None,
+            "stop": list(stop) or None,
             "stream": True,
         }
         url = f"{str(self.base_url).rstrip('/')}/v1/answer"
         return {"method": "POST", "url": url, "json": body, "headers": headers}
 
-    def _remote_events(self, question: str, documents: list[Document]) -> Iterator[Event]:
+    def _remote_events(
+        self, parsed: ParsedChat, documents: list[Document], stop: tuple[str, ...]
+    ) -> Iterator[Event]:
         import httpx
 
         decoder = _SSEDecoder()
-        with httpx.Client(timeout=self.timeout) as client:
-            with client.stream(**self._request(question, documents)) as response:
+        transport = httpx.HTTPTransport(retries=self.max_retries)
+        with httpx.Client(timeout=self.timeout, transport=transport) as client:
+            with client.stream(**self._request(parsed, documents, stop)) as response:
                 if response.status_code != 200:
                     response.read()
                     raise _service_error(response.status_code, response.json())
@@ -205,13 +332,14 @@ class ChatRagSnap(BaseChatModel):
                         yield event
 
     async def _aremote_events(
-        self, question: str, documents: list[Document]
+        self, parsed: ParsedChat, documents: list[Document], stop: tuple[str, ...]
     ) -> AsyncIterator[Event]:
         import httpx
 
         decoder = _SSEDecoder()
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
-            async with client.stream(**self._request(question, documents)) as response:
+        transport = httpx.AsyncHTTPTransport(retries=self.max_retries)
+        async with httpx.AsyncClient(timeout=self.timeout, transport=transport) as client:
+            async with client.stream(**self._request(parsed, documents, stop)) as response:
                 if response.status_code != 200:
                     await response.aread()
                     raise _service_error(response.status_code, response.json())
@@ -227,9 +355,10 @@ class ChatRagSnap(BaseChatModel):
     def _final_chunk(self, meta: dict[str, Any], done: dict[str, Any]) -> ChatGenerationChunk:
         stats = done["stats"]
         prompt, new = int(stats.get("prompt_tokens", 0)), int(stats.get("new_tokens", 0))
+        stopped = stats.get("stop_sequence") is not None or new < self.max_new_tokens
         metadata = {
             "model_name": stats.get("model"),
-            "finish_reason": "length" if new >= self.max_new_tokens else "stop",
+            "finish_reason": "stop" if stopped else "length",
             "citations": done["citations"],
             "cache": stats.get("cache"),
             "prompt_tokens": prompt,
@@ -250,11 +379,15 @@ class ChatRagSnap(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        question = self._question(messages)
-        documents = self._documents(question, kwargs.get("documents"))
-        source = self._local_events if self.engine is not None else self._remote_events
+        parsed, documents = self._inputs(messages, kwargs, run_manager)
+        stops = self._stop(stop)
+        source = (
+            self._local_events(parsed, documents, stops)
+            if self.engine is not None
+            else self._remote_events(parsed, documents, stops)
+        )
         meta: dict[str, Any] = {}
-        for name, data in source(question, documents):
+        for name, data in source:
             if name == "token":
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=data["text"]))
                 if run_manager:
@@ -272,10 +405,9 @@ class ChatRagSnap(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        question = self._question(messages)
-        documents = await self._adocuments(question, kwargs.get("documents"))
+        parsed, documents = await self._ainputs(messages, kwargs, run_manager)
         meta: dict[str, Any] = {}
-        async for name, data in self._aevents(question, documents):
+        async for name, data in self._aevents(parsed, documents, self._stop(stop)):
             if name == "token":
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=data["text"]))
                 if run_manager:
@@ -286,14 +418,16 @@ class ChatRagSnap(BaseChatModel):
             elif name == "done":
                 yield self._final_chunk(meta, data)
 
-    async def _aevents(self, question: str, documents: list[Document]) -> AsyncIterator[Event]:
+    async def _aevents(
+        self, parsed: ParsedChat, documents: list[Document], stop: tuple[str, ...]
+    ) -> AsyncIterator[Event]:
         if self.engine is None:
-            async for event in self._aremote_events(question, documents):
+            async for event in self._aremote_events(parsed, documents, stop):
                 yield event
             return
         # the engine is synchronous: step it in a worker thread, close it if we stop early
-        stop = threading.Event()
-        iterator = self._local_events(question, documents, stop)
+        halt = threading.Event()
+        iterator = self._local_events(parsed, documents, stop, halt)
         end = object()
         try:
             while True:
@@ -302,7 +436,7 @@ class ChatRagSnap(BaseChatModel):
                     return
                 yield item  # type: ignore[misc]
         finally:
-            stop.set()  # a step still running in its thread ends after this decode step
+            halt.set()  # a step still running in its thread ends after this decode step
             try:
                 iterator.close()
             except ValueError:  # that step is still running: the stop flag ends it
