@@ -37,7 +37,7 @@ def check_question(question: str, settings: Settings, param: str = "question") -
     return question
 
 
-def _inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> list[Document]:
+def inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> list[Document]:
     if len(documents) > settings.max_documents:
         raise ApiError(
             413,
@@ -91,7 +91,7 @@ def resolve_documents(
             raise ApiError(
                 422, "documents: give at least one", param="documents", code="invalid_value"
             )
-        return _inline_documents(fields.documents, settings)
+        return inline_documents(fields.documents, settings)
     if fields.query is None:
         raise ApiError(
             422,
