@@ -40,9 +40,14 @@ def answer_positions(engine: RagSnapEngine, layout: PromptLayout, answer: str) -
 def span_retention(result: PrefillResult, positions: Sequence[int]) -> torch.Tensor:
     """``[layers, Hkv]``: share of the span's positions each compressed layer and head kept."""
     span = torch.tensor(list(positions))
-    # [layers, Hkv, n] kept positions -> [layers, Hkv, |span|] membership
-    kept = torch.stack([layer.indices[0].cpu() for layer in result.kept])
-    return (kept.unsqueeze(-1) == span).any(dim=-2).float().mean(-1)
+    # per layer (profiled budgets keep a different number per layer): [Hkv, n_l] kept
+    # positions -> [Hkv, n_l, |span|] membership -> [Hkv] share of the span kept
+    return torch.stack(
+        [
+            (layer.indices[0].cpu().unsqueeze(-1) == span).any(dim=-2).float().mean(-1)
+            for layer in result.kept
+        ]
+    )
 
 
 @dataclass
