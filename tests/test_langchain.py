@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from langchain_core.documents import Document as LCDocument
-from langchain_core.messages import AIMessageChunk, HumanMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage
 
 from ragsnap.errors import InputError
 from ragsnap.integrations.langchain.chat import ChatRagSnap
@@ -130,6 +130,20 @@ def test_remote_chat_model_against_a_server(engine):
         check_final_metadata(chunks[-1], ["bees", "tides"])
         message = chat.invoke(QUESTION, documents=DOCS)
         assert message.content == "".join(c.content for c in chunks)
+        # stop and the conversation travel to the server (/v1/answer: stop, instructions, history)
+        full = message.content
+        assert len(full) >= 4
+        cut = chat.invoke(QUESTION, documents=DOCS, stop=[full[2:4]])
+        assert cut.content == full[: full.index(full[2:4])]
+        turns = [
+            SystemMessage("Be brief."),
+            HumanMessage("What do bees do?"),
+            AIMessage("They dance [1]."),
+            HumanMessage(QUESTION),
+        ]
+        multi = chat.invoke(turns, documents=DOCS)
+        assert multi.response_metadata["prompt_tokens"] > message.response_metadata["prompt_tokens"]
+        assert [d["id"] for d in multi.response_metadata["documents"]] == ["bees", "tides"]
         with pytest.raises(InputError) as info:
             ChatRagSnap(base_url=url, api_key="wrong").invoke(QUESTION, documents=DOCS)
         assert "401" in str(info.value)
