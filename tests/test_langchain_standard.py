@@ -35,6 +35,11 @@ class TestChatRagSnapStandard(ChatModelUnitTests):
         return {"base_url": "http://127.0.0.1:9", "model": "ragsnap"}
 
     @property
+    def init_from_env_params(self) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
+        env = {"RAGSNAP_BASE_URL": "http://127.0.0.1:9", "RAGSNAP_API_KEY": "env-key"}
+        return env, {}, {"base_url": "http://127.0.0.1:9", "api_key": "env-key"}
+
+    @property
     def has_tool_calling(self) -> bool:
         return False  # bind_tools is overridden only to refuse with a clear message
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import asdict
@@ -123,6 +124,7 @@ class ChatRagSnap(BaseChatModel):
     Give ``engine`` (a loaded :class:`ragsnap.engine.RagSnapEngine`, used under a lock) or
     ``base_url`` (a running ``ragsnap serve``, with ``api_key`` when it wants one).
     ``compression`` takes the API's fields (``press``, ``budget`` | ``ratio``, ``window``...).
+    Without either, ``$RAGSNAP_BASE_URL`` (and ``$RAGSNAP_API_KEY``) are used.
     ``max_tokens`` is an alias of ``max_new_tokens``; ``model`` names the model for tracing
     (default: the engine's model id, or ``ragsnap`` for a server).
     """
@@ -147,6 +149,18 @@ class ChatRagSnap(BaseChatModel):
     streaming: bool = False  # accepted for compatibility: invoke and stream answer alike
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_env(cls, data: Any) -> Any:
+        """``RAGSNAP_BASE_URL`` / ``RAGSNAP_API_KEY`` when neither engine nor base_url is given."""
+        if isinstance(data, dict) and data.get("engine") is None and not data.get("base_url"):
+            if os.environ.get("RAGSNAP_BASE_URL"):
+                data = {**data, "base_url": os.environ["RAGSNAP_BASE_URL"]}
+        if isinstance(data, dict) and data.get("api_key") is None:
+            if os.environ.get("RAGSNAP_API_KEY"):
+                data = {**data, "api_key": os.environ["RAGSNAP_API_KEY"]}
+        return data
 
     @model_validator(mode="after")
     def _one_backend(self) -> ChatRagSnap:
