@@ -16,7 +16,6 @@ engine statistic. Tools and structured output are refused when bound. Needs the
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
@@ -63,24 +62,6 @@ def _payload(event: AnswerEvent) -> dict[str, Any]:
         citations = [c.to_dict() for c in event.citations]
         return {"answer": event.answer, "citations": citations, "stats": event.stats}
     return {"citations": [c.to_dict() for c in event.citations]}
-
-
-class _SSEDecoder:
-    """Feeds Server-Sent Events lines; returns ``(event, data)`` at each blank line."""
-
-    def __init__(self) -> None:
-        self.name, self.data = "message", []  # type: tuple[str, list[str]]
-
-    def feed(self, line: str) -> Event | None:
-        if line.startswith("event:"):
-            self.name = line[6:].strip()
-        elif line.startswith("data:"):
-            self.data.append(line[5:].strip())
-        elif not line and self.data:
-            event = (self.name, json.loads("\n".join(self.data)))
-            self.name, self.data = "message", []
-            return event
-        return None
 
 
 def _stream_error(body: dict[str, Any]) -> RagSnapError:
@@ -309,7 +290,7 @@ class ChatRagSnap(BaseChatModel):
     def _request(
         self, parsed: ParsedChat, documents: list[Document], stop: tuple[str, ...]
     ) -> dict[str, Any]:
-        headers = {"Accept": "text/event-stream"}
+        headers: dict[str, str] = {}  # connect_sse adds Accept: text/event-stream
         if self.api_key is not None:
             headers["Authorization"] = f"Bearer {self.api_key.get_secret_value()}"
         body = {
@@ -330,39 +311,35 @@ class ChatRagSnap(BaseChatModel):
         self, parsed: ParsedChat, documents: list[Document], stop: tuple[str, ...]
     ) -> Iterator[Event]:
         import httpx
+        from httpx_sse import connect_sse
 
-        decoder = _SSEDecoder()
         transport = httpx.HTTPTransport(retries=self.max_retries)
         with httpx.Client(timeout=self.timeout, transport=transport) as client:
-            with client.stream(**self._request(parsed, documents, stop)) as response:
-                if response.status_code != 200:
-                    response.read()
-                    raise _service_error(response.status_code, response.json())
-                for line in response.iter_lines():
-                    event = decoder.feed(line)
-                    if event and event[0] == "error":
-                        raise _stream_error(event[1])
-                    if event:
-                        yield event
+            with connect_sse(client, **self._request(parsed, documents, stop)) as source:
+                if source.response.status_code != 200:
+                    source.response.read()
+                    raise _service_error(source.response.status_code, source.response.json())
+                for sse in source.iter_sse():
+                    if sse.event == "error":
+                        raise _stream_error(sse.json())
+                    yield sse.event, sse.json()
 
     async def _aremote_events(
         self, parsed: ParsedChat, documents: list[Document], stop: tuple[str, ...]
     ) -> AsyncIterator[Event]:
         import httpx
+        from httpx_sse import aconnect_sse
 
-        decoder = _SSEDecoder()
         transport = httpx.AsyncHTTPTransport(retries=self.max_retries)
         async with httpx.AsyncClient(timeout=self.timeout, transport=transport) as client:
-            async with client.stream(**self._request(parsed, documents, stop)) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    raise _service_error(response.status_code, response.json())
-                async for line in response.aiter_lines():
-                    event = decoder.feed(line)
-                    if event and event[0] == "error":
-                        raise _stream_error(event[1])
-                    if event:
-                        yield event
+            async with aconnect_sse(client, **self._request(parsed, documents, stop)) as source:
+                if source.response.status_code != 200:
+                    await source.response.aread()
+                    raise _service_error(source.response.status_code, source.response.json())
+                async for sse in source.aiter_sse():
+                    if sse.event == "error":
+                        raise _stream_error(sse.json())
+                    yield sse.event, sse.json()
 
     # -- chunks ----------------------------------------------------------------------
 
