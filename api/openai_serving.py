@@ -87,9 +87,7 @@ def message_texts(body: ChatCompletionRequest) -> list[ChatMessageText]:
     return out
 
 
-def parse_chat(
-    body: ChatCompletionRequest, settings: Settings
-) -> tuple[ParsedChat, ChatContext | None]:
+def parse_chat(body: ChatCompletionRequest, settings: Settings) -> ParsedChat:
     try:
         parsed = parse_messages(message_texts(body))
     except InputError as exc:
@@ -101,7 +99,13 @@ def parse_chat(
             param="messages",
             code="question_too_long",
         )
-    return parsed, chat_context(parsed.instructions, parsed.history, settings, param="messages")
+    return parsed
+
+
+def conversation(parsed: ParsedChat, settings: Settings) -> ChatContext | None:
+    """Instructions and earlier turns, once :func:`chat_documents` decided what the
+    system text is (context or instructions)."""
+    return chat_context(parsed.instructions, parsed.history, settings, param="messages")
 
 
 def chat_documents(

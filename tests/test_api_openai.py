@@ -212,3 +212,33 @@ def test_a_corpus_server_searches_with_the_conversation(engine, tmp_path):
             model="ragsnap", messages=[{"role": "user", "content": "zzzz qqqq?"}], max_tokens=2
         )
         assert nothing.model_extra["documents"] == []
+
+
+def test_context_in_a_system_message_becomes_the_documents(client):
+    tides, bees = DOCS[1]["text"], DOCS[0]["text"]
+    from_messages = client.chat.completions.create(
+        model="ragsnap",
+        messages=[
+            {"role": "system", "content": f"{tides}\n\n{bees}"},
+            {"role": "user", "content": "What causes tides?"},
+        ],
+        max_tokens=1,
+        extra_body={"compression": FAST},
+    )
+    given = client.chat.completions.create(
+        model="ragsnap",
+        messages=[{"role": "user", "content": "What causes tides?"}],
+        max_tokens=1,
+        extra_body={
+            "compression": FAST,
+            "documents": [{"id": "1", "text": tides}, {"id": "2", "text": bees}],
+        },
+    )
+    assert [d["id"] for d in from_messages.model_extra["documents"]] == ["1", "2"]
+    # the same prompt: the system text became the documents, not instructions as well
+    assert from_messages.usage.prompt_tokens == given.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="ragsnap", messages=[{"role": "user", "content": "Why?"}], max_tokens=1
+        )
+    assert info.value.body["param"] == "documents"

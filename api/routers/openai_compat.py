@@ -23,6 +23,7 @@ from api.openai_serving import (
     chat_documents,
     citation_annotations,
     citation_logprobs,
+    conversation,
     finish_reason,
     parse_chat,
     refuse_unsupported,
@@ -115,8 +116,9 @@ async def chat_completions(
             code="model_not_found",
         )
     refuse_unsupported(body)
-    parsed, chat = parse_chat(body, settings)
+    parsed = parse_chat(body, settings)
     documents = chat_documents(body, parsed, services, settings)
+    chat = conversation(parsed, settings)  # after: the system text may have become the context
     tokens_param = (
         "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     )
