@@ -29,7 +29,9 @@ class ServiceMetrics:
         self.queue_depth = Gauge(
             "ragsnap_queue_depth", "requests waiting for the worker", registry=r
         )
-        self.worker_busy = Gauge("ragsnap_worker_busy", "1 while the worker answers", registry=r)
+        self.worker_busy = Gauge(
+            "ragsnap_worker_busy", "requests the scheduler is prefilling or decoding", registry=r
+        )
         self.queue_wait = Histogram(
             "ragsnap_queue_wait_seconds",
             "time from accepted to started",
@@ -75,6 +77,23 @@ class ServiceMetrics:
             buckets=(0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
             registry=r,
         )
+
+        self.batch_size = Histogram(
+            "ragsnap_decode_batch_size",
+            "requests decoded together in one scheduler step",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "ragsnap_decode_step_seconds",
+            "seconds of one batched decode step (one token for every running request)",
+            buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0),
+            registry=r,
+        )
+
+    def observe_step(self, batch_size: int, seconds: float) -> None:
+        self.batch_size.observe(batch_size)
+        self.step_seconds.observe(seconds)
 
     def track_queue(self, depth: Callable[[], float], busy: Callable[[], float]) -> None:
         self.queue_depth.set_function(depth)

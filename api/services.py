@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +10,6 @@ from api.metrics import ServiceMetrics
 from api.settings import Settings
 from api.worker import EngineWorker
 from ragsnap.engine import RagSnapEngine
-from ragsnap.errors import ConfigError
 from ragsnap.retrieval.bm25 import BM25Index
 
 logger = logging.getLogger("ragsnap.api")
@@ -44,18 +42,13 @@ class Services:
 
 def load_engine(settings: Settings) -> RagSnapEngine:
     """Load the model; attach the KV store of ``settings.cache_url`` when the engine takes one."""
+    from ragsnap.cache import open_store
     from ragsnap.models import load_model
 
     loaded = load_model(settings.model, device=settings.device)
-    if "store" not in inspect.signature(RagSnapEngine).parameters:
-        if settings.cache_url not in (None, "", "none", "off"):
-            raise ConfigError("this build of ragsnap has no KV cache support", field="cache_url")
-        return RagSnapEngine(loaded)
-    from ragsnap.cache import open_store
-
     store = open_store(settings.cache_url)
     logger.info("KV cache: %s", store.describe())
-    return RagSnapEngine(loaded, store=store)  # type: ignore[call-arg]
+    return RagSnapEngine(loaded, store=store)
 
 
 def start_services(
@@ -68,6 +61,13 @@ def start_services(
         logger.info("corpus indexed: %d passages", len(index))
     if engine is None:
         engine = load_engine(settings)
-    worker = EngineWorker(engine, settings.max_queue, metrics, min_retry_s=settings.retry_after_s)
+    worker = EngineWorker(
+        engine,
+        settings.max_queue,
+        metrics,
+        min_retry_s=settings.retry_after_s,
+        max_batch=settings.max_batch,
+        step_tokens=settings.step_tokens,
+    )
     worker.start()
     return Services(engine=engine, worker=worker, index=index)

@@ -46,6 +46,15 @@ class Settings(BaseSettings):
     # the worker queue
     max_queue: int = Field(default=8, ge=1, description="requests allowed to wait for the worker")
     retry_after_s: int = Field(default=2, ge=1, description="smallest Retry-After sent with a 429")
+    max_batch: int = Field(
+        default=8, ge=1, le=256, description="requests decoded together (1: one at a time)"
+    )
+    step_tokens: int = Field(
+        default=256,
+        ge=32,
+        le=65536,
+        description="token budget of one scheduler step: a prefill chunk plus one token per running request",
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

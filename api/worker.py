@@ -1,9 +1,11 @@
-"""The engine worker: one thread owns the model and answers queued jobs one at a time.
+"""The engine worker: a continuous-batching scheduler thread owns the model.
 
 Requests never touch the engine; they submit an :class:`AnswerJob` and read its events
-from an asyncio queue fed by the worker thread. The wait queue is bounded: a full queue
-refuses the job at once (the route answers 429). A job whose client went away is
-cancelled: skipped if still waiting, stopped after the current decode step if running.
+from an asyncio queue fed by the scheduler thread (``ragsnap.scheduler``), which decodes
+up to ``max_batch`` jobs together and prefills the next one in chunks between their steps.
+The wait queue is bounded: a full queue refuses the job at once (the route answers 429).
+A job whose client went away is cancelled: skipped if still waiting, stopped at the next
+prefill chunk or decode step if running.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ import logging
 import math
 import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Generator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,8 @@ from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions, RagSnapEngine
 from ragsnap.errors import RagSnapError
 from ragsnap.events import AnswerEvent, DoneEvent
-from ragsnap.stopping import stream_answer
+from ragsnap.scheduler import Scheduler
+from ragsnap.stopping import StopFilter
 
 logger = logging.getLogger("ragsnap.api.worker")
 
@@ -71,8 +73,64 @@ class AnswerJob:
     new_tokens: int = 0
     stats: dict[str, Any] = field(default_factory=dict)
 
+    metrics: ServiceMetrics | None = None
+    on_close: Any = None  # called with the job when it ends (the worker's job-time average)
+    _stopper: StopFilter | None = None
+
+    def __post_init__(self) -> None:
+        if self.options.generation.stop:  # stop strings: the answer is cut as it streams
+            self._stopper = StopFilter(self.options.generation.stop)
+
     def cancel(self) -> None:
         self.cancelled.set()
+
+    # -- the scheduler's side (``ragsnap.scheduler.Request``) ---------------------------
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled.is_set()
+
+    def started(self) -> None:
+        self.started_at = time.perf_counter()
+        if self.metrics is not None:
+            self.metrics.queue_wait.observe(self.started_at - self.accepted_at)
+
+    def should_stop(self, tokens: list[int]) -> bool:
+        """The decoder ends this row (normally: citations and ``done`` follow) once a stop
+        string matched."""
+        return self._stopper is not None and self._stopper.matched is not None
+
+    def emit(self, event: AnswerEvent) -> None:
+        if self._stopper is not None:
+            for piece in self._stopper.push(event):
+                self._emit(piece)
+        else:
+            self._emit(event)
+
+    def _emit(self, event: AnswerEvent) -> None:
+        if event.type == "token":
+            self.new_tokens += 1
+        if isinstance(event, DoneEvent):
+            self.stats = event.stats
+            if self.metrics is not None:
+                self.metrics.observe_answer(event.stats)
+        self._send(event)
+
+    def fail(self, error: Exception) -> None:
+        if isinstance(error, RagSnapError):
+            self._send(JobFailure(422, error.message, param=error.field, code="invalid_value"))
+        else:
+            logger.error("answer failed (request %s)", self.request_id, exc_info=error)
+            self._send(JobFailure(500, "the answer failed on the server", code="internal_error"))
+        self.close("error")
+
+    def close(self, outcome: str) -> None:
+        self.outcome = outcome
+        if self.metrics is not None:
+            label = "skipped" if outcome == "cancelled" and self.started_at is None else outcome
+            self.metrics.answers.labels(label).inc()
+        if self.on_close is not None:
+            self.on_close(self)
+        self._send(_END)
 
     def _send(self, item: object) -> None:
         try:
@@ -94,65 +152,58 @@ class AnswerJob:
 
 
 class EngineWorker:
-    """Runs jobs on ``engine`` in one thread; at most ``max_queue`` live jobs wait.
+    """Runs jobs on ``engine`` through a :class:`Scheduler`; at most ``max_queue`` live jobs wait.
 
     A waiting job whose client left stops counting against the limit at once (it is
-    dropped when the worker reaches it), so a disconnect frees its slot immediately.
+    dropped when the scheduler reaches it), so a disconnect frees its slot immediately.
+    ``max_batch`` jobs decode together (1: one at a time); ``step_tokens`` is the token
+    budget of one scheduler step (a prefill chunk plus one token per running job).
     """
 
     def __init__(
-        self, engine: RagSnapEngine, max_queue: int, metrics: ServiceMetrics, min_retry_s: int = 1
+        self,
+        engine: RagSnapEngine,
+        max_queue: int,
+        metrics: ServiceMetrics,
+        min_retry_s: int = 1,
+        max_batch: int = 8,
+        step_tokens: int = 256,
     ):
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
         self.min_retry_s = min_retry_s
-        self._waiting: deque[AnswerJob] = deque()
-        self._changed = threading.Condition()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self._busy = threading.Event()
-        self._current: AnswerJob | None = None
+        self.scheduler = Scheduler(engine, max_batch=max_batch, step_tokens=step_tokens)
+        self.scheduler.stats.on_step = metrics.observe_step
+        self._lock = threading.Lock()
         self._mean_job_s = 5.0  # refined by an exponential moving average of real jobs
-        metrics.track_queue(lambda: self.depth, lambda: 1.0 if self._busy.is_set() else 0.0)
+        metrics.track_queue(lambda: self.depth, lambda: float(self.scheduler.running))
 
     # -- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="ragsnap-engine-worker", daemon=True)
-        self._thread.start()
+        self.scheduler.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Refuse waiting jobs (503), stop the running one after its decode step, join."""
-        if self._thread is None:
-            return
-        with self._changed:
-            self._stopping = True
-            waiting, self._waiting = list(self._waiting), deque()
-            self._changed.notify_all()
-        if self._current is not None:
-            self._current.cancel()
-        for job in waiting:
+        """Refuse waiting jobs (503), cancel the running ones after their step, join."""
+        for job in self.scheduler.stop(timeout):
+            assert isinstance(job, AnswerJob)
             job.cancel()
             job._send(JobFailure(503, "the server is shutting down", code="shutting_down"))
             job._send(_END)
-        self._thread.join(timeout)
-        self._thread = None
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+        return self.scheduler.alive
 
     @property
     def depth(self) -> int:
         """Jobs waiting whose client is still there."""
-        with self._changed:
-            return sum(1 for job in self._waiting if not job.cancelled.is_set())
+        return sum(1 for job in self.scheduler.waiting() if not job.is_cancelled())
 
     @property
     def busy(self) -> bool:
-        return self._busy.is_set()
+        return self.scheduler.running > 0
 
     # -- submitting ----------------------------------------------------------------
 
@@ -160,73 +211,20 @@ class EngineWorker:
         """Queue ``job``; raises :class:`QueueFullError` at once when no slot is free."""
         if not self.running:
             raise WorkerStoppedError("the engine worker is not running")
-        with self._changed:
-            live = sum(1 for waiting in self._waiting if not waiting.cancelled.is_set())
+        with self._lock:
+            live = self.depth
             if live >= self.max_queue:
                 self.metrics.rejected.inc()
                 raise QueueFullError(self._retry_after(live))
-            self._waiting.append(job)
-            self._changed.notify()
+            job.metrics, job.on_close = self.metrics, self._job_ended
+            self.scheduler.submit(job)
 
     def _retry_after(self, waiting: int) -> int:
-        """Seconds until a slot is likely free: the running job and the waiting ones."""
-        return max(self.min_retry_s, math.ceil(self._mean_job_s * (waiting + 1)))
+        """Seconds until a slot is likely free: the waiting jobs share the batch."""
+        batches = math.ceil((waiting + 1) / self.scheduler.max_batch)
+        return max(self.min_retry_s, math.ceil(self._mean_job_s * batches))
 
-    # -- the thread ----------------------------------------------------------------
-
-    def _next_job(self) -> AnswerJob | None:
-        with self._changed:
-            while not self._waiting and not self._stopping:
-                self._changed.wait()
-            return None if self._stopping else self._waiting.popleft()
-
-    def _run(self) -> None:
-        while (job := self._next_job()) is not None:
-            if job.cancelled.is_set():  # its client left while it waited
-                job.outcome = "cancelled"
-                self.metrics.answers.labels("skipped").inc()
-                job._send(_END)
-                continue
-            self._busy.set()
-            self._current = job
-            try:
-                self._answer(job)
-            finally:
-                self._current = None
-                self._busy.clear()
-                job._send(_END)
-
-    def _answer(self, job: AnswerJob) -> None:
-        job.started_at = time.perf_counter()
-        self.metrics.queue_wait.observe(job.started_at - job.accepted_at)
-        events: Generator[AnswerEvent, None, None] = stream_answer(  # type: ignore[assignment]
-            self.engine,
-            job.question,
-            job.documents,
-            job.options,
-            should_stop=job.cancelled.is_set,
-            namespace=job.namespace,
-        )
-        try:
-            for event in events:
-                if job.cancelled.is_set():
-                    break
-                if event.type == "token":
-                    job.new_tokens += 1
-                if isinstance(event, DoneEvent):
-                    job.stats = event.stats
-                    self.metrics.observe_answer(event.stats)
-                job._send(event)
-            job.outcome = "cancelled" if job.cancelled.is_set() else "ok"
-        except RagSnapError as exc:
-            job.outcome = "error"
-            job._send(JobFailure(422, exc.message, param=exc.field, code="invalid_value"))
-        except Exception:
-            job.outcome = "error"
-            logger.exception("answer failed (request %s)", job.request_id)
-            job._send(JobFailure(500, "the answer failed on the server", code="internal_error"))
-        finally:
-            events.close()  # stops generation at once when we left the loop early
+    def _job_ended(self, job: AnswerJob) -> None:
+        if job.started_at is not None:
             elapsed = time.perf_counter() - job.started_at
             self._mean_job_s = 0.8 * self._mean_job_s + 0.2 * elapsed
-            self.metrics.answers.labels(job.outcome).inc()

@@ -10,10 +10,11 @@ import torch
 
 from ragsnap.compression import Press
 from ragsnap.documents import Document
-from ragsnap.engine import PrefillResult, RagSnapEngine
+from ragsnap.engine import RagSnapEngine
 from ragsnap.errors import InputError
 from ragsnap.generation import GenerationConfig
-from ragsnap.prompt import PromptLayout, format_document
+from ragsnap.prompt import PromptLayout, encode_user_text_with_offsets, format_document
+from ragsnap.runtime.prefill import PrefillResult
 
 
 def answer_positions(engine: RagSnapEngine, layout: PromptLayout, answer: str) -> list[int]:
@@ -23,10 +24,7 @@ def answer_positions(engine: RagSnapEngine, layout: PromptLayout, answer: str) -
         zip(layout.documents, layout.doc_spans, strict=True), 1
     ):
         piece = format_document(number, document)
-        encoded = engine.tokenizer(
-            piece, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
-        )
-        offsets = encoded["offset_mapping"]
+        _, offsets = encode_user_text_with_offsets(engine.tokenizer, piece)
         begin = piece.find(answer)
         while begin >= 0:
             end = begin + len(answer)
@@ -40,8 +38,7 @@ def answer_positions(engine: RagSnapEngine, layout: PromptLayout, answer: str) -
 def span_retention(result: PrefillResult, positions: Sequence[int]) -> torch.Tensor:
     """``[layers, Hkv]``: share of the span's positions each compressed layer and head kept."""
     span = torch.tensor(list(positions))
-    # per layer (profiled budgets keep a different number per layer): [Hkv, n_l] kept
-    # positions -> [Hkv, n_l, |span|] membership -> [Hkv] share of the span kept
+    # per layer [Hkv, n_l] kept positions -> [Hkv, |span|] membership (layers differ in n_l)
     return torch.stack(
         [
             (layer.indices[0].cpu().unsqueeze(-1) == span).any(dim=-2).float().mean(-1)
@@ -74,7 +71,7 @@ def diagnose(
     """One prefill, every press: how much of the answer span each layer and head kept."""
     layout = engine.build_prompt(question, documents, GenerationConfig())
     positions = answer_positions(engine, layout, answer)
-    results = engine.prefill_many(layout.input_ids, presses)
+    results = engine.runtime.prefill_many(layout.input_ids, presses)
     return positions, [
         Diagnosis(press=r.press_config["press"], retention=span_retention(r, positions))
         for r in results

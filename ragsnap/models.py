@@ -45,6 +45,20 @@ class LoadedModel:
         return int(getattr(self.model.config, "max_position_embeddings", 8192))
 
 
+def column_major_linears(model: torch.nn.Module) -> None:
+    """Store every linear weight (``[out, in]``) column-major, in place; values unchanged.
+
+    On CPU, ``x @ W.T`` with a row-major ``W`` is slow for a few rows at a time (the batched
+    decode step): 8 rows cost 3x one row on the embedded model's shapes, against 1.3x with
+    the transposed layout, which also does no worse for long prefill chunks. Tied weights
+    (an LM head sharing the embedding) change layout once, for both.
+    """
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.weight.is_contiguous():
+                module.weight.data = module.weight.data.t().contiguous().t()
+
+
 def embedded_model_path() -> Path:
     """Where the embedded GGUF lives: found without importing the package (its deps are not installed)."""
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
@@ -133,6 +147,8 @@ def load_model(
         )
         raise ModelLoadError(f"cannot load model {name!r}: {first_line}") from exc
     model.to(target).eval()  # type: ignore[arg-type]
+    if target.type == "cpu":
+        column_major_linears(model)
     commit = getattr(model.config, "_commit_hash", None)
     logger.info("loaded %s on %s (%s, %s)", model_id, target, attn, torch_dtype)
     return LoadedModel(

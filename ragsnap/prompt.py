@@ -117,13 +117,57 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def _control_strings(tokenizer: Any) -> list[str]:
+    """The tokenizer's special-token strings, longest first."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    strings = {str(t) for t in getattr(tokenizer, "all_special_tokens", [])}
+    strings |= {str(t) for t in added.values() if getattr(t, "special", False)}
+    return sorted((s for s in strings if s), key=len, reverse=True)
+
+
+def _text_pieces(text: str, controls: Sequence[str]) -> list[tuple[int, str]]:
+    """``text`` cut so that no piece contains a whole control string: ``(offset, piece)``.
+
+    Each control string is cut in the middle (recursively, for a control string that
+    contains another), so the pieces tokenize as plain text.
+    """
+    for control in controls:
+        at = text.find(control)
+        if at >= 0:
+            half = at + max(1, len(control) // 2)
+            end = at + len(control)
+            left = _text_pieces(text[:half], controls)
+            right = [(half + o, p) for o, p in _text_pieces(text[half:end], controls)]
+            rest = [(end + o, p) for o, p in _text_pieces(text[end:], controls)]
+            return left + right + rest
+    return [(0, text)] if text else []
+
+
 def encode_user_text(tokenizer: Any, text: str) -> list[int]:
     """Untrusted text (documents, titles, questions, messages): control strings stay text.
 
-    Without ``split_special_tokens`` a document holding ``<|im_end|><|im_start|>system``
-    would close the user turn and open a system turn of its own (prompt injection).
+    Without this a document holding ``<|im_end|><|im_start|>system`` would close the user
+    turn and open a system turn of its own (prompt injection). Control strings are cut so
+    no piece matches them; transformers' ``split_special_tokens`` is not used because it
+    flips shared tokenizer state, which races between threads.
     """
-    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    ids: list[int] = []
+    for _, piece in _text_pieces(text, _control_strings(tokenizer)):
+        ids += tokenizer(piece, add_special_tokens=False)["input_ids"]
+    return ids
+
+
+def encode_user_text_with_offsets(
+    tokenizer: Any, text: str
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """:func:`encode_user_text` and each token's ``(start, end)`` character span in ``text``."""
+    ids: list[int] = []
+    spans: list[tuple[int, int]] = []
+    for offset, piece in _text_pieces(text, _control_strings(tokenizer)):
+        encoded = tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
+        ids += encoded["input_ids"]
+        spans += [(offset + a, offset + b) for a, b in encoded["offset_mapping"]]
+    return ids, spans
 
 
 def assemble_prompt(

@@ -69,32 +69,46 @@ def cited_in(answer: str, citations: Sequence[Citation]) -> list[Citation]:
     return [c for c in citations if c.index in kept]
 
 
+class StopFilter:
+    """Rewrites an answer's events, one at a time, for stop strings: text is cut before the
+    first match, the citations and the ``done`` event follow the cut answer (its stats gain
+    ``stop_sequence``: the string matched, or None). ``matched`` tells the decoder to stop."""
+
+    def __init__(self, stop: Sequence[str]) -> None:
+        self.matcher = StopMatcher(stop)
+
+    @property
+    def matched(self) -> str | None:
+        return self.matcher.matched
+
+    def push(self, event: AnswerEvent) -> list[AnswerEvent]:
+        matcher = self.matcher
+        if isinstance(event, TokenEvent):
+            text = matcher.feed(event.text)
+            return [TokenEvent(text=text)] if text else []
+        if isinstance(event, CitationsEvent):
+            rest = matcher.flush()
+            cut = CitationsEvent(citations=cited_in(matcher.text, event.citations))
+            return [TokenEvent(text=rest), cut] if rest else [cut]
+        if isinstance(event, DoneEvent):
+            answer = matcher.text if matcher.matched is not None else event.answer
+            stats: dict[str, Any] = {**event.stats, "stop_sequence": matcher.matched}
+            citations = cited_in(answer, event.citations)
+            return [DoneEvent(answer=answer, citations=citations, stats=stats)]
+        return [event]
+
+
 def apply_stop(
     events: Iterator[AnswerEvent], stop: Sequence[str], request_stop: Callable[[], None]
 ) -> Iterator[AnswerEvent]:
-    """``events`` with the answer cut at the first stop string; calls ``request_stop()``
-    when one matched so the engine ends after its current decode step. The ``done``
-    stats gain ``stop_sequence`` (the string matched, or None)."""
-    matcher = StopMatcher(stop)
+    """``events`` through a :class:`StopFilter`; calls ``request_stop()`` once, when a stop
+    string matched, so the engine ends after its current decode step."""
+    stopper = StopFilter(stop)
     for event in events:
-        if isinstance(event, TokenEvent):
-            before = matcher.matched
-            text = matcher.feed(event.text)
-            if text:
-                yield TokenEvent(text=text)
-            if before is None and matcher.matched is not None:
-                request_stop()
-        elif isinstance(event, CitationsEvent):
-            rest = matcher.flush()
-            if rest:
-                yield TokenEvent(text=rest)
-            yield CitationsEvent(citations=cited_in(matcher.text, event.citations))
-        elif isinstance(event, DoneEvent):
-            answer = matcher.text if matcher.matched is not None else event.answer
-            stats: dict[str, Any] = {**event.stats, "stop_sequence": matcher.matched}
-            yield DoneEvent(answer=answer, citations=cited_in(answer, event.citations), stats=stats)
-        else:
-            yield event
+        before = stopper.matched
+        yield from stopper.push(event)
+        if before is None and stopper.matched is not None:
+            request_stop()
 
 
 def stream_answer(

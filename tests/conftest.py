@@ -13,6 +13,17 @@ def engine():
     return RagSnapEngine.load("embedded", device="cpu")
 
 
+@pytest.fixture
+def tiny(monkeypatch):
+    """A tiny random Llama engine that ``RagSnapEngine.load`` returns (CLI tests)."""
+    from ragsnap.engine import RagSnapEngine
+    from tests.tiny_models import tiny_engine
+
+    engine = tiny_engine("llama", "sdpa")
+    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+    return engine
+
+
 @pytest.fixture(scope="session")
 def redis_server():
     """A real redis-server on a free port for the whole session (tests use their own namespaces)."""

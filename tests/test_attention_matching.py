@@ -6,13 +6,13 @@ from __future__ import annotations
 import torch
 
 from ragsnap.compression import make_press
-from ragsnap.compression.attention_bias import biased_sdpa
 from ragsnap.compression.attention_matching import (
     AttentionMatchingPress,
     fit_mass_weights,
     refit_values,
 )
 from ragsnap.compression.base import CompressedLayer, LayerContext, Press
+from ragsnap.runtime.attention import masked_sdpa
 from tests.tiny_models import random_prompt, tiny_engine
 
 
@@ -116,7 +116,7 @@ def test_dropping_duplicate_keys_is_undone_exactly() -> None:
 def test_full_budget_compress_and_refit_is_the_identity() -> None:
     engine = tiny_engine("llama")
     prompt = random_prompt(48, seed=5)
-    [full, refit] = engine.prefill_many(
+    [full, refit] = engine.runtime.prefill_many(
         prompt, [make_press("full"), make_press("ragsnap", budget=64, window=8)]
     )
     assert not refit.bias
@@ -162,27 +162,31 @@ def test_entries_marked_exact_get_no_bias_and_keep_their_values() -> None:
 
 
 def test_zero_bias_decodes_exactly_like_plain_sdpa() -> None:
+    from ragsnap.runtime.prefill import forward_chunk
+
     engine = tiny_engine("llama")
     prompt = random_prompt(40, seed=7)
-    result = engine.prefill(prompt, make_press("snapkv", budget=24, window=8))
-    zero = {i: torch.zeros(1, 2, 24) for i in range(4)}
-    plain = engine.forward([5], result.cache, len(prompt))
-    result = engine.prefill(prompt, make_press("snapkv", budget=24, window=8))
-    biased = engine.forward([5], result.cache, len(prompt), zero)
-    assert torch.allclose(plain, biased, atol=1e-5)
+    result = engine.runtime.prefill(prompt, make_press("snapkv", budget=24, window=8))
+    result.bias = {i: torch.zeros(1, 2, 24) for i in range(4)}
+    [biased] = engine.runtime.teacher_force([result], [5])  # the runtime's masked sdpa
+    plain = forward_chunk(engine.model, engine.loaded.cache_kwarg, [5], result.cache, len(prompt))
+    assert torch.allclose(plain.log_softmax(-1), biased, atol=1e-5)
 
 
-def test_biased_sdpa_matches_a_written_out_softmax() -> None:
+def test_masked_sdpa_with_a_bias_matches_a_written_out_softmax() -> None:
     torch.manual_seed(3)
     q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
     bias = torch.randn(1, 2, 6)
-    out = biased_sdpa(None, q, k, v, None, bias, scaling=1.0)  # [1, q, Hq, D]
+    mask = torch.zeros(1, 2, 3, 10)
+    mask[..., :6] += bias.unsqueeze(2)
+    mask[..., 7:] += torch.full((3, 3), float("-inf")).triu(1)
+    out = masked_sdpa(q, k, v, mask, scaling=1.0)
     expected = _attention(q, k, v, bias)
     assert torch.allclose(out.transpose(1, 2), expected, atol=1e-5)
 
 
 def test_wrapping_presses_expose_the_window_a_prefix_hit_must_recompute() -> None:
-    from ragsnap.cache.cached_prefill import window_floor
+    from ragsnap.runtime.prefill import window_floor
 
     for name in ("attnmatch", "ragsnap", "wordspan", "snapkv"):
         assert window_floor(make_press(name, budget=64, window=8)) == 8

@@ -10,14 +10,7 @@ from ragsnap.bench.decode import parse_contexts, prompt_of_length
 from ragsnap.cli import main
 from ragsnap.engine import RagSnapEngine
 from ragsnap.errors import ConfigError
-from tests.tiny_models import HEAD_DIM, KV_HEADS, tiny_engine
-
-
-@pytest.fixture
-def tiny(monkeypatch):
-    engine = tiny_engine("llama", "sdpa")
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
-    return engine
+from tests.tiny_models import HEAD_DIM, KV_HEADS
 
 
 def test_bench_decode_json(tiny, capsys) -> None:

@@ -39,7 +39,8 @@ def test_the_default_press_with_layers_of_different_lengths(engine) -> None:
     docs = [Document(id="a", title="Minutes", text=text)]
     press = make_press("ragsnap", budget=64)
     _, (default,) = diagnose(engine, "What is the access code?", docs, "90417", [press])
-    prefill = engine.prefill(engine.build_prompt("q?", docs, GenerationConfig()).input_ids, press)
+    layout = engine.build_prompt("q?", docs, GenerationConfig())
+    prefill = engine.runtime.prefill(layout.input_ids, press)
     assert len(set(prefill.kept_tokens_per_layer)) > 1  # profiled budgets differ by layer
     assert default.retention.shape == (30, 3)
     assert 0.0 <= float(default.retention.min()) <= float(default.retention.max()) <= 1.0

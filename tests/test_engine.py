@@ -36,9 +36,9 @@ def test_budget_above_prompt_length_matches_model_generate(engine) -> None:
     gen = GenerationConfig(max_new_tokens=12)
     layout = engine.build_prompt("What causes tides?", DOCS, gen)
     assert layout.num_tokens < 512
-    result = engine.prefill(layout.input_ids, SnapKVPress(budget=512, window=32))
+    result = engine.runtime.prefill(layout.input_ids, SnapKVPress(budget=512, window=32))
     assert result.kv_bytes_kept == result.kv_bytes_full  # nothing was evicted
-    ours = list(engine.decode_tokens(result, gen))
+    ours = engine.runtime.generate(result, gen)
     with torch.no_grad():
         generated = engine.model.generate(
             torch.tensor([layout.input_ids]), max_new_tokens=12, do_sample=False
@@ -55,15 +55,15 @@ def test_decoding_continues_at_the_original_prompt_length(engine) -> None:
     layout = engine.build_prompt("Why do bees dance?", DOCS, gen)
     length = layout.num_tokens
     budget, window, sinks = 48, 16, 4
-    compressed = engine.prefill(
+    compressed = engine.runtime.prefill(
         layout.input_ids, StreamingLLMPress(budget=budget, window=window, sinks=sinks)
     )
     assert compressed.cache.layers[0].keys.shape[-2] == budget < length
-    full = engine.prefill(layout.input_ids, FullPress())
+    full = engine.runtime.prefill(layout.input_ids, FullPress())
     first = int(compressed.next_logits.argmax())
     torch.testing.assert_close(compressed.next_logits, full.next_logits)
 
-    ours = engine.forward([first], compressed.cache, length)
+    ours = engine.runtime.forward([first], compressed.cache, length)
     mask = torch.zeros(1, length + 1, dtype=torch.long)
     mask[0, :sinks] = 1
     mask[0, length - (budget - sinks) :] = 1
@@ -77,8 +77,10 @@ def test_decoding_continues_at_the_original_prompt_length(engine) -> None:
         )
     torch.testing.assert_close(ours, out.logits[:, -1], atol=2e-4, rtol=1e-4)
     # and the positions matter: counting from the cache size instead gives other logits
-    shifted = engine.prefill(layout.input_ids, StreamingLLMPress(budget=budget, window=window))
-    wrong = engine.forward([first], shifted.cache, budget)
+    shifted = engine.runtime.prefill(
+        layout.input_ids, StreamingLLMPress(budget=budget, window=window)
+    )
+    wrong = engine.runtime.forward([first], shifted.cache, budget)
     assert (wrong - ours).abs().max() > 1e-2
 
 
@@ -164,8 +166,8 @@ def find_needle(engine, needle: str, question: str, depth: float, presses) -> li
         question, [Document(id="notes", title="Town notes", text=text)], gen
     )
     assert 1900 <= layout.num_tokens <= 2100
-    results = engine.prefill_many(layout.input_ids, presses)
-    return [engine.tokenizer.decode(list(engine.decode_tokens(r, gen))) for r in results]
+    results = engine.runtime.prefill_many(layout.input_ids, presses)
+    return [engine.tokenizer.decode(engine.runtime.generate(r, gen)) for r in results]
 
 
 @pytest.mark.parametrize(("depth", "code"), [(0.1, "48613"), (0.5, "72905"), (0.9, "31587")])

@@ -60,7 +60,7 @@ def test_profiles_round_trip_and_bad_files_are_named(tmp_path) -> None:
 
 
 def _kept_per_layer(engine, prompt, press) -> list[int]:
-    [result] = engine.prefill_many(prompt, [press])
+    [result] = engine.runtime.prefill_many(prompt, [press])
     return result.kept_tokens_per_layer
 
 
@@ -88,7 +88,7 @@ def test_profiled_budgets_move_tokens_between_layers_at_the_same_total(tmp_path)
 def test_no_profile_is_uniform_snapkv_and_a_foreign_profile_is_refused(tmp_path) -> None:
     engine = tiny_engine("llama")
     prompt = random_prompt(100, seed=4)
-    [snap, auto, uniform] = engine.prefill_many(
+    [snap, auto, uniform] = engine.runtime.prefill_many(
         prompt,
         [
             make_press("snapkv", budget=32, window=8),
@@ -107,7 +107,9 @@ def test_no_profile_is_uniform_snapkv_and_a_foreign_profile_is_refused(tmp_path)
     assert before["profile"] == after["profile"]
     assert before["profile_digest"] != after["profile_digest"]
     with pytest.raises(ConfigError, match="measured on llama-L30-d576, not this model"):
-        engine.prefill_many(prompt, [make_press("layerbudget", budget=32, profile=str(path))])
+        engine.runtime.prefill_many(
+            prompt, [make_press("layerbudget", budget=32, profile=str(path))]
+        )
 
 
 def test_a_layer_left_with_only_its_window_keeps_exactly_the_window(tmp_path) -> None:
@@ -116,7 +118,7 @@ def test_a_layer_left_with_only_its_window_keeps_exactly_the_window(tmp_path) ->
     fingerprint = model_fingerprint(tiny_config("llama"))
     path.write_text(_profile([0.0, 0.0, 1.0, 100.0], model=fingerprint).to_json())
     prompt = random_prompt(60, seed=1)
-    [skewed, window_only] = engine.prefill_many(
+    [skewed, window_only] = engine.runtime.prefill_many(
         prompt,
         [
             make_press("ragsnap", budget=10, window=8, profile=str(path)),
@@ -156,7 +158,7 @@ def test_calibration_measures_per_layer_kl_and_extends_a_profile(engine) -> None
     )
     layers = engine.model.config.num_hidden_layers
     whole = item_layer_kl(engine, tides, generation, budget=4096)
-    assert whole == [0.0] * layers  # a budget over the prompt compresses nothing
+    assert max(whole) < 1e-6 and len(whole) == layers  # a budget over the prompt: float noise only
     first = calibrate_layers(engine, [tides], generation, budget=48)
     assert first.items == ("tides",) and len(first.sensitivity) == layers
     assert max(first.sensitivity) > 0 and min(first.sensitivity) >= 0

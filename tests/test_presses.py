@@ -19,7 +19,7 @@ from ragsnap.compression import (
 )
 from ragsnap.compression.full import FullPress
 from ragsnap.errors import ConfigError
-from ragsnap.kv import cache_nbytes
+from ragsnap.runtime.kv import cache_nbytes
 from tests.test_snapkv_reference import (
     assert_same_selection,
     reference_run,
@@ -76,7 +76,9 @@ def test_bad_press_config_raises_config_error_naming_the_field(build, field: str
 
 def test_streamingllm_keeps_sinks_and_recent(llama, prompt) -> None:
     budget, window, sinks = 24, 8, 4
-    result = llama.prefill(prompt, StreamingLLMPress(budget=budget, window=window, sinks=sinks))
+    result = llama.runtime.prefill(
+        prompt, StreamingLLMPress(budget=budget, window=window, sinks=sinks)
+    )
     expected = list(range(sinks)) + list(range(LENGTH - (budget - sinks), LENGTH))
     assert len(result.kept) == NUM_LAYERS
     for indices in kept_indices(result):
@@ -86,7 +88,7 @@ def test_streamingllm_keeps_sinks_and_recent(llama, prompt) -> None:
 
 def test_pyramidkv_budgets_shrink_with_depth_and_keep_the_uniform_total(llama, prompt) -> None:
     budget, window = 40, 8
-    result = llama.prefill(prompt, PyramidKVPress(budget=budget, window=window, kernel=5))
+    result = llama.runtime.prefill(prompt, PyramidKVPress(budget=budget, window=window, kernel=5))
     per_layer = result.kept_tokens_per_layer
     assert len(per_layer) == NUM_LAYERS
     assert all(a > b for a, b in zip(per_layer, per_layer[1:], strict=False)), per_layer
@@ -98,7 +100,7 @@ def test_pyramidkv_budgets_shrink_with_depth_and_keep_the_uniform_total(llama, p
 
 def test_pyramidkv_falls_back_to_uniform_on_short_prompts(llama) -> None:
     short = random_prompt(48, seed=4)  # too short for the pyramid's widest layer
-    result = llama.prefill(short, PyramidKVPress(budget=40, window=8, kernel=5))
+    result = llama.runtime.prefill(short, PyramidKVPress(budget=40, window=8, kernel=5))
     assert result.kept_tokens_per_layer == [40] * NUM_LAYERS
 
 
@@ -120,7 +122,7 @@ def reference_h2o(queries: torch.Tensor, keys: torch.Tensor, window: int, scale:
 def test_h2o_matches_reference(llama, prompt) -> None:
     budget, window = 32, 8
     press = H2OPress(budget=budget, window=window, chunk=20)  # chunks that do not divide L
-    result = llama.prefill(prompt, press)
+    result = llama.runtime.prefill(prompt, press)
     hidden, plain = reference_run(llama.model, prompt)
     scale = softmax_scale(llama.model)
     for layer_idx, indices in enumerate(kept_indices(result)):
@@ -130,9 +132,9 @@ def test_h2o_matches_reference(llama, prompt) -> None:
 
 
 def test_random_press_is_deterministic_per_seed(llama, prompt) -> None:
-    first = kept_indices(llama.prefill(prompt, RandomPress(budget=24, window=8, seed=7)))
-    again = kept_indices(llama.prefill(prompt, RandomPress(budget=24, window=8, seed=7)))
-    other = kept_indices(llama.prefill(prompt, RandomPress(budget=24, window=8, seed=8)))
+    first = kept_indices(llama.runtime.prefill(prompt, RandomPress(budget=24, window=8, seed=7)))
+    again = kept_indices(llama.runtime.prefill(prompt, RandomPress(budget=24, window=8, seed=7)))
+    other = kept_indices(llama.runtime.prefill(prompt, RandomPress(budget=24, window=8, seed=8)))
     assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
     assert not torch.equal(first[0], first[1])  # layers draw differently
@@ -140,7 +142,7 @@ def test_random_press_is_deterministic_per_seed(llama, prompt) -> None:
 
 def test_ratio_budget(llama, prompt) -> None:
     press = make_press("snapkv", ratio=0.25, window=8, kernel=5)
-    result = llama.prefill(prompt, press)
+    result = llama.runtime.prefill(prompt, press)
     expected = math.ceil(0.25 * LENGTH)
     assert result.kept_tokens_per_layer == [expected] * NUM_LAYERS
     assert result.press_config["ratio"] == 0.25
@@ -149,7 +151,7 @@ def test_ratio_budget(llama, prompt) -> None:
 @pytest.mark.parametrize("name", ["snapkv", "streamingllm", "h2o", "random", "pyramidkv"])
 def test_prompt_that_fits_the_budget_is_kept_whole(llama, name: str) -> None:
     short = random_prompt(30, seed=5)
-    result = llama.prefill(short, make_press(name, budget=40, window=8))
+    result = llama.runtime.prefill(short, make_press(name, budget=40, window=8))
     assert result.kv_bytes_kept == result.kv_bytes_full
     for indices, layer in zip(kept_indices(result), result.cache.layers, strict=True):
         assert indices.tolist() == [list(range(30))] * KV_HEADS
@@ -166,7 +168,7 @@ def test_every_press_keeps_sorted_indices_and_the_window(llama, prompt, budget: 
         RandomPress(budget=budget, window=window),
         PyramidKVPress(budget=budget, window=window),
     ]
-    for result in llama.prefill_many(prompt, presses):
+    for result in llama.runtime.prefill_many(prompt, presses):
         for indices in kept_indices(result):
             assert torch.equal(indices, indices.sort(dim=-1).values)
             assert all(len(set(head.tolist())) == head.shape[0] for head in indices)
@@ -179,7 +181,7 @@ def test_every_press_keeps_sorted_indices_and_the_window(llama, prompt, budget: 
 
 def test_cache_shapes_and_memory_after_compression(llama, prompt) -> None:
     budget = 40
-    result = llama.prefill(prompt, SnapKVPress(budget=budget, window=8))
+    result = llama.runtime.prefill(prompt, SnapKVPress(budget=budget, window=8))
     assert len(result.cache.layers) == NUM_LAYERS
     for layer in result.cache.layers:
         assert layer.keys.shape == (1, KV_HEADS, budget, HEAD_DIM)
@@ -214,13 +216,13 @@ def test_hooks_see_the_cache_on_every_layer(llama, prompt) -> None:
 
 def test_prefill_many_equals_separate_prefills_and_leaves_the_base_cache(llama, prompt) -> None:
     presses = [SnapKVPress(budget=32, window=8), H2OPress(budget=32, window=8), FullPress()]
-    shared = llama.prefill_many(prompt, presses)
+    shared = llama.runtime.prefill_many(prompt, presses)
     for press, result in zip(presses, shared, strict=True):
-        alone = llama.prefill(prompt, press)
+        alone = llama.runtime.prefill(prompt, press)
         for a, b in zip(kept_indices(alone), kept_indices(result), strict=True):
             assert torch.equal(a, b)
-        step_alone = llama.forward([5], alone.cache, LENGTH)
-        step_shared = llama.forward([5], result.cache, LENGTH)
+        step_alone = llama.runtime.forward([5], alone.cache, LENGTH)
+        step_shared = llama.runtime.forward([5], result.cache, LENGTH)
         torch.testing.assert_close(step_alone, step_shared)
     # decoding on the derived caches did not touch the full one the presses shared
     assert shared[2].cache.layers[0].keys.shape[-2] == LENGTH + 1
@@ -233,16 +235,16 @@ def test_sliding_window_layers_are_left_whole_and_decoding_works(attn: str) -> N
     the sliding layer's masks count positions; Gemma3 compresses only its full layers."""
     mistral = tiny_engine("mistral", attn, sliding_window=64)
     short = random_prompt(48, seed=6)
-    result = mistral.prefill(short, SnapKVPress(budget=24, window=8))
+    result = mistral.runtime.prefill(short, SnapKVPress(budget=24, window=8))
     assert result.kept == []
     assert all(layer.keys.shape[-2] == 48 for layer in result.cache.layers)
-    logits = mistral.forward([5], result.cache, 48)
+    logits = mistral.runtime.forward([5], result.cache, 48)
     assert torch.isfinite(logits).all()
 
     gemma = tiny_engine("gemma3", attn)
-    result = gemma.prefill(random_prompt(LENGTH, seed=6), SnapKVPress(budget=24, window=8))
+    result = gemma.runtime.prefill(random_prompt(LENGTH, seed=6), SnapKVPress(budget=24, window=8))
     assert [layer.keys.shape[-2] for layer in result.cache.layers] == [15, 24, 15, 24]
     for step in range(3):
-        logits = gemma.forward([5 + step], result.cache, LENGTH + step)
+        logits = gemma.runtime.forward([5 + step], result.cache, LENGTH + step)
         assert torch.isfinite(logits).all()
     assert [layer.keys.shape[-2] for layer in result.cache.layers] == [15, 27, 15, 27]

@@ -207,7 +207,7 @@ def test_engine_prefill_applies_reference_selection(arch: str) -> None:
     input_ids = random_prompt(PROMPT_LEN, seed=2)
     window, budget, kernel = 8, 40, 7
     press = SnapKVPress(budget=budget, window=window, kernel=kernel, pooling="max")
-    result = engine.prefill(input_ids, press)
+    result = engine.runtime.prefill(input_ids, press)
     hidden, plain_cache = reference_run(model, input_ids)
     layer_types = getattr(model.config, "layer_types", None) or ["full_attention"] * 4
     full_layers = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]

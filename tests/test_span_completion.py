@@ -61,12 +61,12 @@ def test_a_kept_word_start_keeps_the_rest_of_its_word() -> None:
     window, budget = 8, 40
     snap = make_press("snapkv", budget=budget, window=window)
     spans = make_press("wordspan", budget=budget, window=window, max_word_tokens=12)
-    [plain, completed] = engine.prefill_many(prompt, [snap, spans])
+    [plain, completed] = engine.runtime.prefill_many(prompt, [snap, spans])
     # prefill_many computes word starts from the tokenizer; redo the compression with ours
-    cache = engine.new_cache()
+    cache = engine.runtime.new_cache()
     with compression_hooks(engine.model, spans, word_starts=starts) as recorder:
         recorder.armed = True
-        engine.forward(prompt, cache, 0)
+        engine.runtime.forward(prompt, cache, 0)
     changed = 0
     for layer, snap_layer in zip(recorder.layer_results(0), plain.kept, strict=True):
         assert layer.indices.shape == snap_layer.indices.shape  # same budget

@@ -59,13 +59,11 @@ def sample_documents(tokenizer: Any, context: int) -> list[Any]:
     """The bundled samples, repeated as numbered parts (the last one cut), filling about
     ``context`` prompt tokens."""
     from ragsnap.documents import Document
-    from ragsnap.prompt import assemble_prompt, format_document
+    from ragsnap.prompt import assemble_prompt, encode_user_text, format_document
 
     def count(index: int, doc: Document) -> int:
         piece = format_document(index, doc)
-        return len(
-            tokenizer(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        )
+        return len(encode_user_text(tokenizer, piece))
 
     texts = []
     for entry in sorted(resources.files("ragsnap.samples").iterdir(), key=lambda e: e.name):
@@ -89,7 +87,7 @@ def sample_documents(tokenizer: Any, context: int) -> list[Any]:
             break
         documents.append(doc)
         used += size
-    ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids = encode_user_text(tokenizer, text)
     keep = room - used - (size - len(ids))  # what fits of the next text, its header aside
     while keep > 16:
         cut = tokenizer.decode(ids[:keep])
@@ -136,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     scratch = None if args.cache else tempfile.TemporaryDirectory(prefix="ragsnap-bench-cache-")
     store = open_store(args.cache or f"file://{scratch.name}")  # type: ignore[union-attr]
     engine = RagSnapEngine(base.loaded, store=store, storage_dtype=storage_dtype)
-    if engine._cached is None:
+    if engine.tiers is None:
         raise ConfigError("bench cache needs a store, not 'none'", field="cache")
     press = make_press(args.press, budget=args.budget, window=args.window)
     options = AnswerOptions(press=press, generation=GenerationConfig(max_new_tokens=1))
@@ -154,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             if statuses != ("miss", "hit", "prefix-hit"):
                 raise ConfigError(f"the store did not cache as expected: {statuses}", field="cache")
             layout = engine.build_prompt(QUESTION_A, documents, options.generation)
-            ckey, pkey = engine._cached.entry_keys(layout, press, QUESTION_A, namespace)
+            ckey, pkey = engine.tiers.entry_keys(layout, press, QUESTION_A, namespace)
             started = time.perf_counter()
             payload = store.get(ckey)
             assert payload is not None
@@ -238,9 +236,9 @@ def _precision(
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
     try:
         layout = engine.build_prompt(QUESTION_A, documents, longer.generation)
-        exact = base.prefill(layout.input_ids, press)
-        engine._cached.prefill(layout, press, QUESTION_A, namespace)  # store it
-        loaded, report = engine._cached.prefill(layout, press, QUESTION_A, namespace)
+        exact = base.runtime.prefill(layout.input_ids, press)
+        engine.tiers.prefill(layout, press, QUESTION_A, namespace)  # store it
+        loaded, report = engine.tiers.prefill(layout, press, QUESTION_A, namespace)
         assert report.status == "hit"
         errors = [
             (a.keys - b.keys).abs().max().item()
@@ -252,7 +250,7 @@ def _precision(
     finally:
         engine.store.clear(namespace)
     return {
-        "storage_dtype": str(engine._cached.storage_dtype).removeprefix("torch."),
+        "storage_dtype": str(engine.tiers.storage_dtype).removeprefix("torch."),
         "kv_max_abs_err": round(max(errors), 6),
         "kv_max_abs": round(scale, 3),
         "answer_matches_full_precision": hit.answer == cold,

@@ -20,7 +20,6 @@ import json
 import logging
 import random
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,6 +27,7 @@ import torch
 
 from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
+from ragsnap.generation import GenerationConfig
 
 logger = logging.getLogger(__name__)
 
@@ -126,29 +126,20 @@ def prompt_of_length(engine: Any, length: int, seed: int = 0) -> list[int]:
     return layout.input_ids
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed_decode(engine: Any, prefills: list[Any], steps: int) -> list[float]:
-    """Greedy-decode ``steps`` tokens from each prefill, one step of each in turn.
+    """Greedy-decode ``steps`` tokens from each prefill (a batch of one each), in turn.
 
     Returns the mean ms/token of each. Stop tokens are ignored: every run does ``steps``.
     """
-    tokens = [int(p.next_logits.argmax()) for p in prefills]
-    positions = [p.original_length for p in prefills]
-    seconds = [0.0] * len(prefills)
+    batches = []
+    for prefill in prefills:
+        batch = engine.runtime.decode_batch(stop_ids=set())
+        batch.add(0, prefill, GenerationConfig(max_new_tokens=steps + 1))
+        batches.append(batch)
     for _ in range(steps):
-        for i, prefill in enumerate(prefills):
-            _sync(engine.device)
-            started = time.perf_counter()
-            logits = engine.forward([tokens[i]], prefill.cache, positions[i], prefill.bias)
-            _sync(engine.device)
-            seconds[i] += time.perf_counter() - started
-            tokens[i] = int(logits.argmax())
-            positions[i] += 1
-    return [1000 * s / steps for s in seconds]
+        for batch in batches:
+            batch.step()
+    return [1000 * batch.rows[0].decode_s / steps for batch in batches]
 
 
 def measure(
@@ -160,14 +151,14 @@ def measure(
     prompts = {n: prompt_of_length(engine, n) for n in contexts}
     floor_prompt = prompt_of_length(engine, budget)
     # warm-up: first calls allocate and pick kernels
-    warm = engine.prefill(floor_prompt, FullPress())
+    warm = engine.runtime.prefill(floor_prompt, FullPress())
     timed_decode(engine, [warm], 2)
     samples: dict[int, list[dict[str, float]]] = {n: [] for n in contexts}
     bytes_seen: dict[int, tuple[int, int]] = {}
     for rep in range(repeats):
         for n in contexts:
-            full, compressed = engine.prefill_many(prompts[n], [FullPress(), press])
-            floor = engine.prefill(floor_prompt, FullPress())
+            full, compressed = engine.runtime.prefill_many(prompts[n], [FullPress(), press])
+            floor = engine.runtime.prefill(floor_prompt, FullPress())
             ms_full, ms_compressed, ms_floor = timed_decode(
                 engine, [full, compressed, floor], steps
             )

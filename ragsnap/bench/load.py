@@ -9,6 +9,11 @@ A 429 is counted as refused and the client waits ``Retry-After`` (at most
 Prints JSON: counts by status, whether any 5xx (or transport error) happened, p50/p95
 time to first token and total latency as the client sees them, cache results, and
 throughput (answers and generated tokens per second of wall time).
+
+``--context N`` gives every client its own document of about ``N`` tokens instead of the
+samples. ``--compare-max-batch 1,8`` starts the server itself (in this process, on
+``--model``, with a fresh file cache per run) once per value and reports each run and the
+ratios to the first: the serial worker against the batched one in the same run.
 """
 
 from __future__ import annotations
@@ -66,6 +71,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-backoff", type=float, default=1.0, help="longest wait after a 429")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--context", type=int, help="own document of ~N tokens per client")
+    parser.add_argument(
+        "--compare-max-batch", help="start in-process servers with these max-batch values"
+    )
+    parser.add_argument("--model", default="embedded", help="model of the in-process servers")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in-process")
     parser.add_argument("--json", action="store_true", help="(output is always JSON)")
 
 
@@ -127,16 +138,25 @@ async def one_request(
     return outcome
 
 
+def client_documents(args: argparse.Namespace, client: int) -> list[dict[str, str]]:
+    if args.context is None:
+        return sample_documents(args.documents)
+    from ragsnap.bench.decode import filler_document
+
+    text = filler_document(args.context, seed=client)[: 4 * args.context]  # ~4 chars a token
+    return [{"id": f"notes-{client}", "title": f"Town notes {client}", "text": text}]
+
+
 async def run_load(args: argparse.Namespace) -> LoadReport:
     import httpx
 
-    documents = sample_documents(args.documents)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     url = f"{args.url.rstrip('/')}/v1/answer"
     compression = {k: v for k, v in {"press": args.press, "budget": args.budget}.items() if v}
     report = LoadReport()
 
-    async def client_loop(questions: list[str]) -> None:
+    async def client_loop(index: int, questions: list[str]) -> None:
+        documents = client_documents(args, index)
         async with httpx.AsyncClient(timeout=args.timeout) as client:
             for question in questions:
                 body = {
@@ -154,7 +174,7 @@ async def run_load(args: argparse.Namespace) -> LoadReport:
                     )
 
     started = time.perf_counter()
-    await asyncio.gather(*(client_loop(q) for q in question_plan(args)))
+    await asyncio.gather(*(client_loop(i, q) for i, q in enumerate(question_plan(args))))
     report.wall_s = time.perf_counter() - started
     return report
 
@@ -207,6 +227,55 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--clients and --requests must be at least 1", field="clients")
     if not 0.0 <= args.repeat <= 1.0:
         raise ConfigError("--repeat must be in [0, 1]", field="repeat")
+    if args.compare_max_batch:
+        return compare_max_batch(args)
     summary = summarize(asyncio.run(run_load(args)), args)
     print(json.dumps(summary, indent=2))
     return 0 if summary["zero_5xx"] and summary["all_answered_or_429"] else 1
+
+
+def compare_max_batch(args: argparse.Namespace) -> int:
+    """One in-process server per ``--compare-max-batch`` value, the same load on each."""
+    import tempfile
+
+    import torch
+
+    from api.app import create_app
+    from api.local_server import running_server
+    from api.settings import Settings
+    from ragsnap.cache import open_store
+    from ragsnap.engine import RagSnapEngine
+    from ragsnap.errors import ConfigError
+
+    try:
+        values = [int(v) for v in args.compare_max_batch.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"--compare-max-batch: not integers: {args.compare_max_batch!r}"
+        ) from None
+    torch.set_num_threads(args.threads)
+    runs: dict[str, dict[str, Any]] = {}
+    engine = RagSnapEngine.load(args.model, device="cpu")
+    for value in values:
+        with tempfile.TemporaryDirectory() as folder:
+            engine = RagSnapEngine(engine.loaded, store=open_store(f"file://{folder}"))
+            settings = Settings(
+                max_batch=value, max_queue=max(8, args.clients), max_new_tokens_limit=4096
+            )
+            with running_server(create_app(settings, engine=engine)) as url:
+                args.url = url
+                runs[str(value)] = summarize(asyncio.run(run_load(args)), args)
+    base = runs[str(values[0])]
+    ratios = {
+        key: {
+            "answers_per_s": _ratio(run["answers_per_s"], base["answers_per_s"]),
+            "ttft_p95": _ratio(run["ttft_s"]["p95"], base["ttft_s"]["p95"]),
+        }
+        for key, run in runs.items()
+    }
+    print(json.dumps({"threads": args.threads, "runs": runs, "ratio_to_first": ratios}, indent=2))
+    return 0 if all(r["zero_5xx"] for r in runs.values()) else 1
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -32,10 +32,11 @@ from ragsnap.cache.serialization import (
 )
 from ragsnap.cache.store import EntryKey, KVStore, StoreUnavailable
 from ragsnap.compression import Press
-from ragsnap.kv import cache_nbytes
+from ragsnap.models import LoadedModel
+from ragsnap.runtime.kv import cache_nbytes
+from ragsnap.runtime.prefill import PrefillResult, window_floor
 
 if TYPE_CHECKING:
-    from ragsnap.engine import PrefillResult, RagSnapEngine
     from ragsnap.prompt import PromptLayout
 
 logger = logging.getLogger(__name__)
@@ -62,23 +63,43 @@ class CacheReport:
         }
 
 
-def window_floor(press: Press) -> int:
-    """Positions the final forward pass must cover for ``press`` (its observation window)."""
-    return max(1, int(getattr(press, "window", 1) or 1))
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class PrefillRunner(Protocol):
+    """What the tiers need of the model: a (chunked, cancellable) prefill and caches."""
+
+    def prefill(
+        self,
+        input_ids: Sequence[int],
+        press: Press,
+        *,
+        cache: Any | None = None,
+        start: int = 0,
+        on_chunk: Callable[[], None] | None = None,
+    ) -> PrefillResult: ...
+
+    def prefill_full(
+        self, input_ids: Sequence[int], on_chunk: Callable[[], None] | None = None
+    ) -> Layers: ...
+
+    def cache_from(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any: ...
 
 
 class CachedPrefill:
-    """Prefill through a :class:`KVStore` for one engine."""
+    """Prefill through a :class:`KVStore` around ``runner`` on the ``loaded`` model."""
 
     def __init__(
         self,
-        engine: RagSnapEngine,
+        runner: PrefillRunner,
+        loaded: LoadedModel,
         store: KVStore,
         *,
         prefix_cache: bool = True,
         storage_dtype: torch.dtype | None = None,
     ) -> None:
-        self.engine = engine
+        self.runner = runner
+        self.loaded = loaded
         self.store = store
         self.prefix_cache = prefix_cache
         self.storage_dtype = storage_dtype
@@ -86,8 +107,8 @@ class CachedPrefill:
     # -- keys -------------------------------------------------------------------------
 
     def _model_identity(self) -> dict[str, str]:
-        loaded = self.engine.loaded
-        dtype = str(next(self.engine.model.parameters()).dtype).removeprefix("torch.")
+        loaded = self.loaded
+        dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
         return keys.model_identity(loaded.model_id, loaded.revision, dtype, loaded.device.type)
 
     def _storage_label(self) -> str | None:
@@ -130,22 +151,29 @@ class CachedPrefill:
     # -- the request ------------------------------------------------------------------
 
     def prefill(
-        self, layout: PromptLayout, press: Press, question: str, namespace: str | None
+        self,
+        layout: PromptLayout,
+        press: Press,
+        question: str,
+        namespace: str | None,
+        on_chunk: Callable[[], None] | None = None,
     ) -> tuple[PrefillResult, CacheReport]:
-        """The prompt's compressed cache, from the store when possible; store errors never raise."""
+        """The prompt's compressed cache, from the store when possible; store errors never raise.
+
+        ``on_chunk`` runs between prefill chunks (see :func:`ragsnap.runtime.prefill.prefill`)."""
         report = CacheReport(status="miss")
         ckey, pkey = self.entry_keys(layout, press, question, namespace)
         loaded = self._load_compressed(ckey, report)
         if loaded is not None:
             return loaded, report
         if report.status == "unavailable":
-            return self._compute(layout, press, pkey, report, store=False), report
+            return self._compute(layout, press, pkey, report, False, on_chunk), report
         with self.store.exclusive(ckey, wait_s=FLIGHT_WAIT_S):
             loaded = self._load_compressed(ckey, report)  # another request computed it meanwhile
             if loaded is not None:
                 return loaded, report
             storing = report.status != "unavailable"
-            result = self._compute(layout, press, pkey, report, store=storing)
+            result = self._compute(layout, press, pkey, report, storing, on_chunk)
             if storing:
                 self._put(ckey, lambda: self._serialize(result), report)
         return result, report
@@ -193,13 +221,11 @@ class CachedPrefill:
     # -- hit --------------------------------------------------------------------------
 
     def _load_compressed(self, key: EntryKey, report: CacheReport) -> PrefillResult | None:
-        from ragsnap.engine import PrefillResult
-
         started = time.perf_counter()
         payload = self._get(key, report)
         if payload is None:
             return None
-        loaded = self.engine.loaded
+        loaded = self.loaded
         try:
             stored = deserialize_prefill(
                 payload, model_id=loaded.model_id, revision=loaded.revision, device=loaded.device
@@ -207,11 +233,10 @@ class CachedPrefill:
         except StaleEntry as exc:
             self._drop(key, exc)
             return None
-        cache = self._cache_from(stored.layers)
+        cache = self.runner.cache_from(stored.layers)
         report.status = "hit"
         report.bytes_read += len(payload)
         report.load_s += time.perf_counter() - started
-        extra = {"bias": stored.decode_bias} if "bias" in PrefillResult.__dataclass_fields__ else {}
         return PrefillResult(
             cache=cache,
             original_length=stored.original_length,
@@ -223,21 +248,8 @@ class CachedPrefill:
             kv_bytes_full=stored.kv_bytes_full,
             kv_bytes_kept=cache_nbytes(cache),
             processed_tokens=0,
-            **extra,
+            bias=stored.decode_bias,
         )
-
-    def _cache_from(self, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-        """A model cache holding ``layers`` as they are (no copy for plain dynamic layers)."""
-        from transformers.cache_utils import DynamicLayer
-
-        cache = self.engine.new_cache()
-        for layer, (k, v) in zip(cache.layers, layers, strict=True):
-            if type(layer) is DynamicLayer:
-                layer.lazy_initialization(k, v)
-                layer.keys, layer.values = k, v
-            else:  # sliding layers keep extra counters: let them account for the entries
-                layer.update(k, v)
-        return cache
 
     # -- prefix hit and miss ----------------------------------------------------------
 
@@ -247,19 +259,22 @@ class CachedPrefill:
         press: Press,
         pkey: EntryKey,
         report: CacheReport,
-        *,
         store: bool,
+        on_chunk: Callable[[], None] | None,
     ) -> PrefillResult:
         start = self.prefix_start(layout, press)
         if start <= 0:
-            return self.engine.prefill(layout.input_ids, press)
+            return self.runner.prefill(layout.input_ids, press, on_chunk=on_chunk)
+        prefix_s, prefix_tokens = 0.0, 0  # the document-prefix pass, when this request runs it
         prefix = self._load_prefix(pkey, layout, report) if store else None
         if prefix is not None:
             report.status = "prefix-hit"
         else:
-            prefix = self._prefill_prefix(layout.input_ids[: layout.prefix_len])
+            prefix_started = time.perf_counter()
+            prefix = self.runner.prefill_full(layout.input_ids[: layout.prefix_len], on_chunk)
+            prefix_s, prefix_tokens = time.perf_counter() - prefix_started, layout.prefix_len
             if store:
-                loaded = self.engine.loaded
+                loaded = self.loaded
                 report.pending.append(
                     (
                         pkey,
@@ -274,15 +289,16 @@ class CachedPrefill:
                 )
         with torch.inference_mode():
             cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
-        return self.engine.prefill(
-            layout.input_ids, press, cache=self._cache_from(cropped), start=start
+        result = self.runner.prefill(
+            layout.input_ids,
+            press,
+            cache=self.runner.cache_from(cropped),
+            start=start,
+            on_chunk=on_chunk,
         )
-
-    def _prefill_prefix(self, prefix_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Full KV of the document prefix, ``[1, Hkv, P, D]`` per layer (no compression)."""
-        cache = self.engine.new_cache()
-        self.engine.forward(prefix_ids, cache, 0)
-        return [(layer.keys, layer.values) for layer in cache.layers]
+        result.prefill_s += prefix_s  # the figures cover both passes of a miss
+        result.processed_tokens += prefix_tokens
+        return result
 
     def _load_prefix(
         self, key: EntryKey, layout: PromptLayout, report: CacheReport
@@ -291,7 +307,7 @@ class CachedPrefill:
         payload = self._get(key, report)
         if payload is None:
             return None
-        loaded = self.engine.loaded
+        loaded = self.loaded
         try:
             layers = deserialize_prefix(
                 payload,
@@ -308,9 +324,9 @@ class CachedPrefill:
         return layers
 
     def _serialize(self, result: PrefillResult) -> bytes:
-        loaded = self.engine.loaded
+        loaded = self.loaded
         return serialize_prefill(
-            [(layer.keys, layer.values) for layer in result.cache.layers],
+            result.layers,
             result.kept,
             result.next_logits,
             original_length=result.original_length,
@@ -319,5 +335,5 @@ class CachedPrefill:
             model_id=loaded.model_id,
             revision=loaded.revision,
             storage_dtype=self.storage_dtype,
-            decode_bias=getattr(result, "bias", None),
+            decode_bias=result.bias,
         )

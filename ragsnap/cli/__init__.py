@@ -37,6 +37,8 @@ class RagSnapParser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
+        # a command may define its own --threads (a benchmark's fixed default): it wins
+        kwargs.setdefault("conflict_handler", "resolve")
         super().__init__(*args, **kwargs)
         common = self.add_argument_group("common options")
         common.add_argument(

@@ -30,6 +30,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-queue", type=int, help="requests allowed to wait (default 8); more get 429"
     )
+    parser.add_argument(
+        "--max-batch", type=int, help="requests decoded together (default 8; 1: one at a time)"
+    )
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        help="token budget of a scheduler step: prefill chunk + one per running request (256)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -48,6 +56,8 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
         "cache_url": args.cache,
         "corpus_dir": args.corpus,
         "max_queue": args.max_queue,
+        "max_batch": args.max_batch,
+        "step_tokens": args.step_tokens,
     }
     try:
         return Settings(**{k: v for k, v in given.items() if v is not None})

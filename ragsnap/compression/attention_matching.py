@@ -13,7 +13,8 @@ Two fits per layer and KV head, batched over heads:
 
 The window's keys and values stay exact; entries a selector marked ``exact`` get neither a
 bias nor a refit.
-Decoding adds ``beta`` to the kept keys' logits (see ``attention_bias``).
+Decoding adds ``beta`` to the kept keys' logits through the runtime's per-layer additive mask
+(``ragsnap.runtime.attention``).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,10 @@ import torch
 from torch import nn
 
 from ragsnap.compression.base import CompressedLayer, LayerContext, Press
+
+# the recorder of the prefill running in this thread: hooks are installed on the shared
+# model, so another thread's forward pass (a decode step, another prefill) must not fire them
+_CURRENT: ContextVar[CompressionRecorder | None] = ContextVar("ragsnap_recorder", default=None)
 
 
 def attention_modules(model: nn.Module) -> list[Any]:
@@ -78,7 +83,7 @@ class CompressionRecorder:
         return {i: c.bias for i, c in res.items() if c.bias is not None}
 
     def hook(self, module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-        if not self.armed:
+        if not self.armed or _CURRENT.get() is not self:
             return
         cache = _cache_from(kwargs)
         layer_idx = int(module.layer_idx)
@@ -139,8 +144,10 @@ def compression_hooks(
         press_list, apply=apply, num_layers=len(modules), word_starts=word_starts
     )
     handles = [m.register_forward_hook(recorder.hook, with_kwargs=True) for m in modules]
+    token = _CURRENT.set(recorder)
     try:
         yield recorder
     finally:
+        _CURRENT.reset(token)
         for handle in handles:
             handle.remove()

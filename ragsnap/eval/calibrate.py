@@ -9,7 +9,7 @@ per-layer means make a :class:`~ragsnap.compression.layer_budgets.LayerProfile`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,10 +19,9 @@ from ragsnap.compression.full import FullPress
 from ragsnap.compression.layer_budgets import LayerProfile, model_fingerprint
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.errors import ConfigError
-from ragsnap.eval.fidelity import fidelity, full_reference
+from ragsnap.eval.fidelity import fidelities, full_reference
 from ragsnap.eval.items import EvalItem
 from ragsnap.generation import GenerationConfig
-from ragsnap.kv import derive_cache
 
 
 @dataclass
@@ -54,10 +53,9 @@ def item_layer_kl(
     presses: list[Press] = [FullPress()] + [
         SingleLayerPress(base=SnapKVPress(budget=budget), layer=i) for i in range(num_layers)
     ]
-    full, *variants = engine.prefill_many(layout.input_ids, presses)
-    answer = list(engine.decode_tokens(replace(full, cache=derive_cache(full.cache)), generation))
-    reference = full_reference(engine, full.cache, layout.num_tokens, answer)
-    return [float(fidelity(engine, v.cache, layout.num_tokens, reference)["kl"]) for v in variants]
+    full, *variants = engine.runtime.prefill_many(layout.input_ids, presses)
+    reference = full_reference(engine.runtime, full, engine.runtime.generate(full, generation))
+    return [float(f["kl"]) for f in fidelities(engine.runtime, variants, reference, rows=4)]
 
 
 def calibrate_layers(

@@ -144,11 +144,11 @@ def load_request_items(engine: Any, request: EvalRequest) -> LoadedItems:
             answer_prefix=request.answer_prefix,
         )
 
+    from ragsnap.prompt import encode_user_text
+
     @cache
     def count_tokens(text: str) -> int:
-        return len(
-            tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-        )
+        return len(encode_user_text(tokenizer, text))
 
     types = tuple(request.types) if request.types else None
     return load_items(

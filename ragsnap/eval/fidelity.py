@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from ragsnap.kv import derive_cache
+from ragsnap.runtime.model_runtime import ModelRuntime
+from ragsnap.runtime.prefill import PrefillResult
 
 
 @dataclass
@@ -44,57 +44,37 @@ def _mean_nll(log_probs: torch.Tensor, targets: torch.Tensor) -> float:
     return float(-log_probs.gather(1, targets.unsqueeze(1)).mean())
 
 
-def teacher_forced_log_probs(
-    engine: Any, cache: Any, start: int, tokens: Sequence[int], bias: Any = None
-) -> torch.Tensor:
-    """Feed ``tokens`` at positions ``start..`` on a copy of ``cache``: log-probs ``[n, V]``.
-
-    ``cache`` itself is left as it was (the copy shares its tensors and appends to its own
-    layers), so one prefill serves several teacher-forced passes and decodes. ``bias`` is
-    the prefill's per-kept-key logit bias (layer -> ``[1, Hkv, n]``), for presses that
-    re-weight kept keys; it goes through the engine's own forward.
-    """
-    extra = {"bias": bias} if bias else {}
-    if not tokens:
-        return torch.empty(0, 0)
-    copy = derive_cache(cache)
-    if len({layer.keys.shape[-2] for layer in cache.layers}) == 1:
-        logits = engine.forward_logits(list(tokens), copy, start, keep=0, **extra)  # [1, n, V]
-    else:  # layers of different lengths: one token per step (see batched.teacher_force_batch)
-        logits = torch.cat(
-            [
-                engine.forward_logits([t], copy, start + j, keep=1, **extra)
-                for j, t in enumerate(tokens)
-            ],
-            dim=1,
-        )
-    return torch.log_softmax(logits[0].float(), dim=-1).cpu()
-
-
 def full_reference(
-    engine: Any, full_cache: Any, start: int, answer_tokens: Sequence[int]
+    runtime: ModelRuntime, full: PrefillResult, answer_tokens: Sequence[int]
 ) -> Reference:
     """Teacher-force the full cache along its own answer (``answer_tokens``, no stop token)."""
     tokens = list(answer_tokens)
-    log_probs = teacher_forced_log_probs(engine, full_cache, start, tokens)
     if not tokens:
-        return Reference(tokens, log_probs, torch.empty(0, dtype=torch.long))
+        return Reference(tokens, torch.empty(0, 0), torch.empty(0, dtype=torch.long))
+    log_probs = runtime.teacher_force([full], tokens)[0]
     targets = torch.tensor(tokens[1:] + [int(log_probs[-1].argmax())], dtype=torch.long)
     return Reference(tokens, log_probs, targets)
 
 
-def fidelity(
-    engine: Any, cache: Any, start: int, reference: Reference, bias: Any = None
-) -> dict[str, float | int]:
-    """KL(full || compressed) and the NLL increase along the full-cache answer.
+def fidelities(
+    runtime: ModelRuntime,
+    prefills: Sequence[PrefillResult],
+    reference: Reference,
+    rows: int = 8,
+) -> list[dict[str, float | int]]:
+    """KL(full || compressed) and the NLL increase along the full-cache answer, per prefill.
 
-    Returns ``{"kl", "nll_gap", "fidelity_tokens"}`` (means over positions, nats; zeros when
-    the full-cache answer is empty).
+    Up to ``rows`` prefills are teacher-forced together in one multi-token pass, whatever
+    their layer lengths and biases (``rows`` bounds the batch's memory: each row is a copy). Each result is ``{"kl", "nll_gap", "fidelity_tokens"}`` (means
+    over positions, nats; zeros when the full-cache answer is empty).
     """
-    if not reference.tokens:
-        return compare(torch.empty(0, 0), reference)
-    log_probs = teacher_forced_log_probs(engine, cache, start, reference.tokens, bias)
-    return compare(log_probs, reference)
+    if not reference.tokens or not prefills:
+        return [compare(torch.empty(0, 0), reference) for _ in prefills]
+    out: list[dict[str, float | int]] = []
+    for begin in range(0, len(prefills), rows):
+        log_probs = runtime.teacher_force(prefills[begin : begin + rows], reference.tokens)
+        out += [compare(row, reference) for row in log_probs]
+    return out
 
 
 def compare(compressed: torch.Tensor, reference: Reference) -> dict[str, float | int]:

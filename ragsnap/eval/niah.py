@@ -123,11 +123,7 @@ def read_haystack(folder: Path, tokenizer: Any) -> list[_Sentence]:
     for file in files:
         text = " ".join(file.read_text(encoding="utf-8", errors="replace").split())
         pieces = [p for p in _SENTENCE_END.split(text) if p.strip()]
-        counts = (
-            tokenizer(pieces, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            if pieces
-            else []
-        )
+        counts = tokenizer(pieces, add_special_tokens=False)["input_ids"] if pieces else []
         sentences += [_Sentence(p, len(c), file.stem) for p, c in zip(pieces, counts, strict=True)]
     return sentences
 

@@ -1,9 +1,10 @@
 """The evaluation loop: every item through one shared prefill, every press x budget from it.
 
 Per item: assemble the prompt, prefill once with every press recording its selection
-(:meth:`RagSnapEngine.prefill_many`), decode the full cache's answer and teacher-force it
-(the reference, computed once and reused across budgets), then decode and teacher-force
-each compressed cache. A press that kept every position reuses the full-cache answer.
+(:meth:`ModelRuntime.prefill_many`), decode the full cache and every compressed cache as
+rows of one batch, teacher-force the full cache along its answer (the reference, reused
+across budgets), then the compressed caches in one multi-token pass. A press that kept
+every position reuses the full-cache answer.
 Items already in ``predictions.jsonl`` are skipped; an item that cannot run is reported
 and skipped.
 """
@@ -18,19 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ragsnap.citations import extract_citations
 from ragsnap.compression import Press, make_press
 from ragsnap.errors import ConfigError, RagSnapError
-from ragsnap.eval.batched import decode_batch, layer_lengths, stack_caches, teacher_force_batch
-from ragsnap.eval.fidelity import Reference, compare, fidelity, full_reference
+from ragsnap.eval.fidelity import fidelities, full_reference
 from ragsnap.eval.items import EvalItem, Malformed
 from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_answer
 from ragsnap.eval.store import PredictionStore
 from ragsnap.generation import GenerationConfig
-from ragsnap.kv import derive_cache
-from ragsnap.prompt import PromptLayout, format_document
+from ragsnap.prompt import PromptLayout, encode_user_text_with_offsets, format_document
 
 logger = logging.getLogger(__name__)
 _NUMBER_DONE = re.compile(r"\d[^\d]")
@@ -89,10 +86,8 @@ def evidence_token_spans(
             + (len(doc.text) - len(doc.text.lstrip()))
         )
         lo, hi = offset + chars[0], offset + chars[1]
-        enc = tokenizer(
-            piece, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
-        )
-        hit = [j for j, (s, e) in enumerate(enc["offset_mapping"]) if s < hi and e > lo]
+        _, offsets = encode_user_text_with_offsets(tokenizer, piece)
+        hit = [j for j, (s, e) in enumerate(offsets) if s < hi and e > lo]
         start, end = layout.doc_spans[index]
         if hit:
             return [(start + hit[0], min(start + hit[-1] + 1, end))]
@@ -118,55 +113,15 @@ class _Decoded:
     batch: int
 
 
-def _decode_group(
-    engine: Any,
-    caches: list[Any],
-    first_logits: Any,
-    length: int,
-    generation: GenerationConfig,
-    stop: Any,
-    reference: Reference | None,
-) -> list[_Decoded]:
-    """Teacher-force (when ``reference`` is given) and decode caches of equal shape as one batch."""
-    stacked = stack_caches(caches)
-    started = time.perf_counter()
-    fids: list[dict[str, Any]] = [{} for _ in caches]
-    if reference is not None and reference.tokens:
-        log_probs = teacher_force_batch(engine, stacked, length, reference.tokens)
-        fids = [compare(row, reference) for row in log_probs]
-    elif reference is not None:
-        fids = [compare(torch.empty(0, 0), reference) for _ in caches]
-    fid_s = (time.perf_counter() - started) / len(caches)
-    answers, seconds, steps = decode_batch(engine, stacked, first_logits, length, generation, stop)
-    return [
-        _Decoded(a, f, seconds, steps, fid_s, len(caches))
-        for a, f in zip(answers, fids, strict=True)
-    ]
-
-
-def _has_bias(prefill: Any) -> bool:
-    """Whether a press re-weights its kept keys (such caches are not stacked)."""
-    return bool(getattr(prefill, "bias", None)) or any(
-        getattr(layer, "bias", None) is not None for layer in prefill.kept
-    )
-
-
-def _decode_alone(
-    engine: Any, prefill: Any, generation: GenerationConfig, stop: Any, reference: Reference
-) -> _Decoded:
-    """The engine's own decode path (for caches that carry a per-key bias)."""
-    started = time.perf_counter()
-    bias = getattr(prefill, "bias", None)
-    fid = fidelity(engine, prefill.cache, prefill.original_length, reference, bias)
-    fid_s = time.perf_counter() - started
-    tokens: list[int] = []
-    timings: dict[str, float] = {}
-    check = (lambda: stop(tokens)) if stop else None
-    for token in engine.decode_tokens(prefill, generation, check, timings):
-        tokens.append(token)
-    return _Decoded(
-        tokens, fid, timings.get("decode_s", 0.0), int(timings.get("decode_steps", 0)), fid_s, 1
-    )
+def _decode_rows(
+    engine: Any, prefills: Sequence[Any], generation: GenerationConfig, stop: Any
+) -> list[tuple[list[int], float, int]]:
+    """Greedy answers of every prefill as rows of one batch: ``(tokens, decode_s, steps)``."""
+    batch = engine.runtime.decode_batch()
+    rows = [batch.add(i, p, generation, stop) for i, p in enumerate(prefills)]
+    for _ in batch.run():
+        pass
+    return [(r.tokens, r.decode_s, r.steps) for r in rows]
 
 
 def evaluate_item(
@@ -181,31 +136,35 @@ def evaluate_item(
         item.question, item.documents, generation, answer_prefix=item.answer_prefix
     )
     length = layout.num_tokens
-    results = engine.prefill_many(layout.input_ids, [g.instance for g in grid])
+    results = engine.runtime.prefill_many(layout.input_ids, [g.instance for g in grid])
     stop = answer_stopper(item, engine.tokenizer)
-    first = results[0].next_logits
-    snapshot = derive_cache(results[0].cache)
-    full = _decode_group(engine, [results[0].cache], first, length, generation, stop, None)[0]
+    compressed = [
+        i
+        for i, result in enumerate(results[1:], start=1)
+        if not all(n == length for n in result.kept_tokens_per_layer)
+    ]
+    # the full cache and every compressed cache decode together: one model call per step
+    answers = _decode_rows(
+        engine, [results[0]] + [results[i] for i in compressed], generation, stop
+    )
+    full_tokens, full_s, full_steps = answers[0]
     started = time.perf_counter()
-    reference = full_reference(engine, snapshot, length, full.tokens)
-    full.fidelity = {"kl": 0.0, "nll_gap": 0.0, "fidelity_tokens": len(full.tokens)}
-    full.fidelity_s = time.perf_counter() - started
-    decoded: dict[int, _Decoded] = {0: full}
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, result in enumerate(results[1:], start=1):
-        if all(n == length for n in result.kept_tokens_per_layer):
-            decoded[i] = _Decoded(full.tokens, dict(full.fidelity), 0.0, 0, 0.0, 0)
-        elif _has_bias(result):
-            decoded[i] = _decode_alone(engine, result, generation, stop, reference)
-        else:
-            groups.setdefault(layer_lengths(result.cache), []).append(i)
-    for members in groups.values():
-        outs = _decode_group(
-            engine, [results[i].cache for i in members], first, length, generation, stop, reference
-        )
-        decoded.update(zip(members, outs, strict=True))
+    reference = full_reference(engine.runtime, results[0], full_tokens)
+    exact = {"kl": 0.0, "nll_gap": 0.0, "fidelity_tokens": len(full_tokens)}
+    batch = 1 + len(compressed)
+    decoded = {0: _Decoded(full_tokens, exact, full_s, full_steps, 0.0, batch)}
+    decoded[0].fidelity_s = time.perf_counter() - started
+    for i in range(1, len(results)):
+        if i not in compressed:  # the press kept everything: the full cache's answer
+            decoded[i] = _Decoded(full_tokens, dict(exact), 0.0, 0, 0.0, 0)
+    if compressed:
+        started = time.perf_counter()
+        fids = fidelities(engine.runtime, [results[i] for i in compressed], reference)
+        fid_s = (time.perf_counter() - started) / len(compressed)
+        for i, fid, (tokens, seconds, steps) in zip(compressed, fids, answers[1:], strict=True):
+            decoded[i] = _Decoded(tokens, fid, seconds, steps, fid_s, batch)
     text = engine.tokenizer.decode
-    full_answer = text(full.tokens, skip_special_tokens=True)
+    full_answer = text(full_tokens, skip_special_tokens=True)
     in_prompt = {d.id for d in layout.documents}
     gold = [g for g in item.gold_doc_ids if g in in_prompt]
     gold_spans = [

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import torch
 
 from ragsnap.compression import CompressedLayer
 
@@ -33,3 +35,22 @@ def derive_cache(base: Any, replacements: Mapping[int, CompressedLayer] | None =
             clone.keys, clone.values = replacements[i].keys, replacements[i].values
         derived.layers.append(clone)
     return derived
+
+
+def cache_from_layers(config: Any, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """A model cache holding ``layers`` (``[1, Hkv, n_l, D]`` each) as they are.
+
+    Plain dynamic layers take the tensors without a copy; sliding layers keep extra
+    counters, so they account for the entries through their own ``update``.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=config)
+    for layer, (k, v) in zip(cache.layers, layers, strict=True):
+        if type(layer) is DynamicLayer:
+            layer.lazy_initialization(k, v)
+            layer.keys, layer.values = k, v
+        else:
+            layer.update(k, v)  # type: ignore[union-attr]
+    return cache

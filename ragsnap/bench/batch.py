@@ -1,0 +1,182 @@
+"""``ragsnap bench batch``: aggregate decode throughput of batched rows, compressed vs full.
+
+For each concurrency ``c``, ``c`` different prompts of ``--context`` tokens are prefilled
+(once per press), then decoded together as rows of one batch for ``--decode-tokens``
+steps (stop tokens ignored). Reported per concurrency and cache kind: aggregate tokens/s,
+per-request ms/token, the ratio to a single stream measured in the same run, and the KV
+bytes the rows hold at the end (peak).
+
+``--gap-chunks 64,128`` also measures what a prefill does to running streams: with the
+largest concurrency's compressed rows decoding, a new ``--context`` prompt prefills in
+chunks of each size with a decode step between chunks (as the scheduler does); reported
+are the p50/p95 gaps between tokens during that prefill against the gaps with nothing
+prefilling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from ragsnap.bench.decode import prompt_of_length
+from ragsnap.errors import ConfigError
+from ragsnap.generation import GenerationConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated row counts")
+    parser.add_argument("--context", type=int, default=2048, help="prompt tokens per request")
+    parser.add_argument("--budget", type=int, default=256, help="tokens kept per KV head")
+    parser.add_argument("--press", default="ragsnap", help="the compressing press")
+    parser.add_argument("--decode-tokens", type=int, default=32, help="steps timed per run")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per point (median)")
+    parser.add_argument("--model", default="embedded")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--gap-chunks", default="", help="prefill chunk sizes to measure gaps at")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def timed_batch(engine: Any, prefills: list[Any], steps: int) -> tuple[float, int]:
+    """Seconds for ``steps`` batched decode steps of ``prefills``, and the KV bytes held."""
+    batch = engine.runtime.decode_batch(stop_ids=set())
+    for i, p in enumerate(prefills):
+        batch.add(i, p, GenerationConfig(max_new_tokens=steps + 2))
+    batch.step()  # the first call allocates: not timed
+    started = time.perf_counter()
+    for _ in range(steps):
+        batch.step()
+    return time.perf_counter() - started, batch.kv.nbytes()
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"p50_ms": round(1000 * statistics.median(ordered), 2), "p95_ms": round(1000 * p95, 2)}
+
+
+def token_gaps(
+    engine: Any, rows: list[Any], prompt: list[int], press: Any, chunks: list[int], steps: int
+) -> list[dict[str, Any]]:
+    """Gaps between decode steps of ``rows``, idle and while ``prompt`` prefills in chunks."""
+    batch = engine.runtime.decode_batch(stop_ids=set())
+    for i, p in enumerate(rows):
+        batch.add(i, p, GenerationConfig(max_new_tokens=100_000))
+    stamps: list[float] = []
+
+    def step() -> None:
+        batch.step()
+        stamps.append(time.perf_counter())
+
+    for _ in range(steps + 1):
+        step()
+    idle = _quantiles([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
+    out = []
+    for chunk in chunks:
+        stamps.clear()
+        step()
+        engine.runtime.chunk = chunk
+        engine.runtime.prefill(prompt, press, on_chunk=step)
+        step()
+        during = _quantiles([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
+        out.append(
+            {
+                "chunk": chunk,
+                "rows": len(rows),
+                "idle": idle,
+                "while_prefilling": during,
+                "p95_ratio": round(during["p95_ms"] / idle["p95_ms"], 2),
+            }
+        )
+    engine.runtime.chunk = None
+    return out
+
+
+def measure(
+    engine: Any, args: argparse.Namespace, levels: list[int]
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The throughput rows, and the compressed prefills they decoded."""
+    from ragsnap.compression import FullPress, make_press
+
+    press = make_press(args.press, budget=args.budget)
+    prompts = [prompt_of_length(engine, args.context, seed=i) for i in range(max(levels))]
+    prefills: dict[str, list[Any]] = {"compressed": [], "full": []}
+    for prompt in prompts:
+        full, compressed = engine.runtime.prefill_many(prompt, [FullPress(), press])
+        prefills["full"].append(full)
+        prefills["compressed"].append(compressed)
+    rows = []
+    for kind, cached in prefills.items():
+        single_tps = None
+        for c in levels:
+            runs = [
+                timed_batch(engine, cached[:c], args.decode_tokens) for _ in range(args.repeats)
+            ]
+            seconds = statistics.median(s for s, _ in runs)
+            tps = c * args.decode_tokens / seconds
+            single_tps = tps if c == 1 else single_tps
+            rows.append(
+                {
+                    "cache": kind,
+                    "concurrency": c,
+                    "tokens_per_s": round(tps, 2),
+                    "ms_per_token_per_request": round(1000 * seconds / args.decode_tokens, 2),
+                    "speedup_vs_single": round(tps / single_tps, 2) if single_tps else None,
+                    "kv_bytes_peak": runs[0][1],
+                }
+            )
+    return rows, prefills["compressed"]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ragsnap.engine import RagSnapEngine
+
+    try:
+        levels = sorted({int(c) for c in args.concurrency.split(",")})
+    except ValueError:
+        raise ConfigError(f"--concurrency: not a list of integers: {args.concurrency!r}") from None
+    if levels[0] < 1 or args.decode_tokens < 1 or args.repeats < 1 or args.threads < 1:
+        raise ConfigError("--concurrency, --decode-tokens, --repeats and --threads must be >= 1")
+    if args.context <= args.budget:
+        raise ConfigError(
+            f"--context {args.context} must exceed --budget {args.budget}", field="context"
+        )
+    torch.set_num_threads(args.threads)
+    engine = RagSnapEngine.load(args.model, device=args.device)
+    results, compressed = measure(engine, args, levels)
+    report: dict[str, Any] = {
+        "model": engine.loaded.model_id,
+        "device": str(engine.device),
+        "threads": args.threads,
+        "context": args.context,
+        "budget": args.budget,
+        "press": args.press,
+        "decode_tokens": args.decode_tokens,
+        "results": results,
+    }
+    if args.gap_chunks:
+        from ragsnap.compression import make_press
+
+        press = make_press(args.press, budget=args.budget)
+        rows = compressed[: max(levels)]
+        fresh = prompt_of_length(engine, args.context, seed=999)
+        chunks = [int(c) for c in args.gap_chunks.split(",")]
+        report["gaps"] = token_gaps(engine, rows, fresh, press, chunks, args.decode_tokens)
+    if args.json or args.gap_chunks:
+        print(json.dumps(report, indent=2))
+    else:
+        print(
+            f"{report['model']} on {report['device']}, {args.threads} thread(s), context {args.context}"
+        )
+        for r in report["results"]:
+            print(
+                f"{r['cache']:>10} x{r['concurrency']:<2} {r['tokens_per_s']:>8.1f} tok/s "
+                f"{r['ms_per_token_per_request']:>8.1f} ms/token/request "
+                f"speedup {r['speedup_vs_single']}  KV {r['kv_bytes_peak'] / 2**20:.1f} MiB"
+            )
+    return 0

@@ -1,0 +1,108 @@
+"""The registered attention function: per-layer additive masks for batched rows.
+
+A transformers attention function, ``ragsnap_<impl>``, wraps the model's own
+implementation (sdpa, eager or flash_attention_2). While :func:`step_masks` is active, each
+layer runs sdpa with the additive float mask the runtime built for it: it carries every
+row's padding (``-inf``), the causal order of the new tokens, sliding windows, and the
+per-kept-key logit bias of Attention Matching (flash-attn takes no arbitrary bias). Without
+an active mask it calls the original implementation unchanged, so prefill is untouched.
+Nothing is patched: the function is registered when a runtime asks for it, and the masks
+live in a context variable, so threads never see each other's masks.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+_ACTIVE_MASKS: ContextVar[Mapping[int, torch.Tensor] | None] = ContextVar(
+    "ragsnap_step_masks", default=None
+)
+PREFIX = "ragsnap_"
+
+
+@contextmanager
+def step_masks(masks: Mapping[int, torch.Tensor] | None) -> Iterator[None]:
+    """Use ``masks[layer]`` (additive, ``[B, Hkv or 1, q, kv]``) as each layer's attention mask."""
+    token = _ACTIVE_MASKS.set(masks or None)
+    try:
+        yield
+    finally:
+        _ACTIVE_MASKS.reset(token)
+
+
+def masked_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """sdpa over grouped KV heads with an additive per-KV-head mask.
+
+    Parameters
+    ----------
+    query : ``[B, Hq, q, D]``; key, value : ``[B, Hkv, kv, D]``.
+    mask : ``[B, Hkv or 1, q, kv]`` float, added to the logits (``-inf`` hides a key).
+
+    Returns
+    -------
+    ``[B, q, Hq, D]``, the layout transformers attention functions return.
+    """
+    group = query.shape[1] // key.shape[1]
+    if mask.shape[1] > 1:  # a per-KV-head bias: each query head uses its group's row
+        mask = mask.repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask.to(query.dtype), scale=scaling, enable_gqa=group > 1
+    )
+    return out.transpose(1, 2).contiguous()
+
+
+def install_runtime_attention(model: Any) -> str:
+    """Route ``model``'s attention through ``ragsnap_<impl>``; returns the implementation name.
+
+    Idempotent. The wrapper calls the original implementation whenever no step mask is
+    active, so outputs are unchanged outside the runtime's batched forward.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    original = model.config._attn_implementation
+    if original.startswith(PREFIX):
+        return original
+    name = PREFIX + original
+    if name not in ALL_ATTENTION_FUNCTIONS:
+
+        def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):  # type: ignore[no-untyped-def]
+            active = _ACTIVE_MASKS.get()
+            mask = None if active is None else active.get(module.layer_idx)
+            if mask is None:
+                inner = (
+                    ALL_ATTENTION_FUNCTIONS[original]
+                    if original != "eager"  # each model has its own eager (softcapping...)
+                    else sys.modules[type(module).__module__].eager_attention_forward
+                )
+                return inner(
+                    module,
+                    query,
+                    key,
+                    value,
+                    attention_mask,
+                    scaling=scaling,
+                    dropout=dropout,
+                    **kwargs,
+                )
+            return masked_sdpa(query, key, value, mask, scaling), None
+
+        AttentionInterface.register(name, forward)
+        if original in ALL_MASK_ATTENTION_FUNCTIONS:
+            AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+    model.set_attn_implementation(name)
+    return name

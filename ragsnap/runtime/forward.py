@@ -1,0 +1,263 @@
+"""Batched forward over rows whose caches differ per layer in length, bias and position.
+
+Each row is one request's compressed (or full) cache. Rows live in per-layer buffers,
+right-padded to the longest row of that layer; a forward pass feeds every row its own new
+tokens at its own positions, and the registered attention function (``runtime.attention``)
+applies one additive mask per layer that hides each row's padding, orders the new tokens
+causally, bounds sliding-window layers and adds Attention Matching's per-key bias. The
+model is called with a ``DynamicCache`` whose layers write each row's new entries into the
+buffers in place, right after that row's own entries (no copy of the cache per step), so
+nothing about transformers is patched.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ragsnap.runtime.attention import step_masks
+
+Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+def sliding_windows(config: Any) -> list[int | None]:
+    """Per layer: the sliding window of a sliding-attention layer, else None."""
+    config = getattr(config, "get_text_config", lambda: config)()
+    layers = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window:
+        return [None] * layers
+    if types is None:  # Mistral-style: every layer slides
+        return [int(window)] * layers
+    return [int(window) if t == "sliding_attention" else None for t in types]
+
+
+class BatchedKV:
+    """The caches of ``rows`` requests, one buffer per layer.
+
+    ``keys[l]`` / ``values[l]`` are ``[B, Hkv, capacity_l, D]``; row ``r`` holds its
+    ``lengths[r, l]`` entries at the front of its slice. ``bias[l]`` is ``[B, Hkv,
+    capacity_l]`` (zeros where a key has none) or None when no row biases that layer.
+    ``positions[r]`` is the position of row ``r``'s next token (its original prompt length
+    plus what it generated, whatever the cache kept). Entries of a sliding layer are the
+    row's most recent positions, contiguous up to ``positions[r] - 1``.
+    """
+
+    def __init__(self, windows: Sequence[int | None]) -> None:
+        self.windows = list(windows)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.bias: list[torch.Tensor | None] = [None] * len(self.windows)
+        self.lengths = torch.zeros(0, len(self.windows), dtype=torch.long)
+        self.positions = torch.zeros(0, dtype=torch.long)
+
+    @property
+    def rows(self) -> int:
+        return int(self.positions.shape[0])
+
+    def nbytes(self) -> int:
+        """Bytes of the entries the rows hold (padding and spare capacity excluded)."""
+        per_entry = [k.shape[1] * k.shape[3] * k.element_size() * 2 for k in self.keys]
+        return int(sum(int(self.lengths[:, i].sum()) * b for i, b in enumerate(per_entry)))
+
+    def add(
+        self,
+        layers: Layers,
+        position: int,
+        bias: Mapping[int, torch.Tensor] | None = None,
+        reserve: int = 0,
+    ) -> int:
+        """Append a row holding ``layers`` (``[1, Hkv, n_l, D]`` each); returns its index.
+
+        ``bias[l]`` is ``[1, Hkv, n_b]`` for the first ``n_b`` keys of layer ``l``;
+        ``reserve`` entries of spare capacity avoid regrowing while the row decodes.
+        """
+        bias = bias or {}
+        if len(layers) != len(self.windows):
+            raise ValueError(f"a row needs {len(self.windows)} layers, got {len(layers)}")
+        first = not self.keys
+        for i, (k, v) in enumerate(layers):
+            n = k.shape[-2]
+            if first:
+                shape = (0, k.shape[1], n + reserve, k.shape[3])
+                self.keys.append(k.new_zeros(shape))
+                self.values.append(v.new_zeros(shape))
+            self._grow(i, n + reserve)
+            row_k = self.keys[i].new_zeros((1, *self.keys[i].shape[1:]))
+            row_v = torch.zeros_like(row_k)
+            row_k[:, :, :n], row_v[:, :, :n] = k, v
+            self.keys[i] = torch.cat([self.keys[i], row_k])
+            self.values[i] = torch.cat([self.values[i], row_v])
+            old = self.bias[i]
+            if i in bias or old is not None:
+                row_b = row_k.new_zeros(row_k.shape[:3])
+                if i in bias:
+                    row_b[:, :, : bias[i].shape[-1]] = bias[i]
+                if old is None:
+                    old = row_k.new_zeros((self.rows, *row_k.shape[1:3]))
+                self.bias[i] = torch.cat([old, row_b])
+        row_lengths = torch.tensor([[k.shape[-2] for k, _ in layers]], dtype=torch.long)
+        self.lengths = torch.cat([self.lengths, row_lengths])
+        self.positions = torch.cat([self.positions, torch.tensor([position])])
+        return self.rows - 1
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (in that order); the others leave the batch."""
+        index = torch.tensor(list(rows), dtype=torch.long)
+        device_index = index.to(self.keys[0].device) if self.keys else index
+        self.keys = [k.index_select(0, device_index) for k in self.keys]
+        self.values = [v.index_select(0, device_index) for v in self.values]
+        self.bias = [None if b is None else b.index_select(0, device_index) for b in self.bias]
+        self.lengths = self.lengths.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+
+    def _grow(self, layer: int, needed: int) -> None:
+        capacity = self.keys[layer].shape[2]
+        if needed <= capacity:
+            return
+        extra = max(needed, 2 * capacity) - capacity
+        pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, extra))  # noqa: E731
+        self.keys[layer], self.values[layer] = pad(self.keys[layer]), pad(self.values[layer])
+        bias = self.bias[layer]
+        if bias is not None:
+            self.bias[layer] = torch.nn.functional.pad(bias, (0, extra))
+
+    def row_layers(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row ``row``'s entries per layer, ``[1, Hkv, n_l, D]`` (views of the buffers)."""
+        out = []
+        for i in range(len(self.windows)):
+            n = int(self.lengths[row, i])
+            out.append((self.keys[i][row : row + 1, :, :n], self.values[i][row : row + 1, :, :n]))
+        return out
+
+    # -- one forward pass --------------------------------------------------------------
+
+    def masks(self, q_len: int) -> dict[int, torch.Tensor]:
+        """Per layer, the additive mask ``[B, Hkv or 1, q, K_l + q]`` of the next pass, where
+        ``K_l`` is the longest row of layer ``l``. Row ``r``'s new tokens sit right after its
+        own ``n_r`` entries (columns ``n_r .. n_r + q - 1``); columns past them are padding."""
+        device = self.keys[0].device
+        dtype = self.keys[0].dtype
+        new_pos = torch.arange(q_len)
+        out: dict[int, torch.Tensor] = {}
+        for i, window in enumerate(self.windows):
+            lengths = self.lengths[:, i]
+            cols = torch.arange(int(lengths.max()) + q_len)
+            # query j of row r sees its row's entries and new tokens up to itself
+            limit = lengths.unsqueeze(1) + new_pos  # [B, q]
+            visible = cols.view(1, 1, -1) <= limit.unsqueeze(2)  # [B, q, K + q]
+            if window is not None:
+                # a row's entries end just before its next position, whatever it kept
+                key_pos = (self.positions - lengths).unsqueeze(1) + cols  # [B, K + q]
+                query_pos = self.positions.unsqueeze(1) + new_pos  # [B, q]
+                visible &= query_pos.unsqueeze(2) - key_pos.unsqueeze(1) < window
+            mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+            mask = mask.to(device).unsqueeze(1)  # [B, 1, q, K + q]
+            bias = self.bias[i]
+            if bias is not None:
+                width = mask.shape[-1]
+                mask = mask + bias[:, :, :width].unsqueeze(2)
+            out[i] = mask
+        return out
+
+    def model_cache(self, q_len: int) -> Any:
+        """A ``DynamicCache`` for a pass of ``q_len`` new tokens per row over the buffers."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        cache.layers = []
+        for i in range(len(self.windows)):
+            width = int(self.lengths[:, i].max())
+            self._grow(i, width + q_len)
+            cache.layers.append(_buffer_layer_class()(self, i, width))
+        return cache
+
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Put the pass's new entries (``[B, Hkv, q, D]``) right after each row's entries."""
+        q_len = keys.shape[2]
+        at = self.lengths[:, layer].to(keys.device)
+        if q_len == 1:
+            rows = torch.arange(self.rows, device=keys.device)
+            self.keys[layer][rows, :, at] = keys[:, :, 0]
+            self.values[layer][rows, :, at] = values[:, :, 0]
+            return
+        index = at.view(-1, 1, 1, 1) + torch.arange(q_len, device=keys.device).view(1, 1, -1, 1)
+        index = index.expand(-1, keys.shape[1], -1, keys.shape[3])
+        self.keys[layer].scatter_(2, index, keys)
+        self.values[layer].scatter_(2, index, values)
+
+    def advance(self, counts: Sequence[int]) -> None:
+        """After a pass: row ``r`` keeps ``counts[r]`` new entries (the rest was padding)."""
+        step = torch.tensor(list(counts), dtype=torch.long)
+        self.lengths += step.unsqueeze(1)
+        self.positions += step
+
+
+@functools.cache
+def _buffer_layer_class() -> type:
+    """The cache layer class over one layer of a :class:`BatchedKV` (built on first use, so
+    importing the runtime does not import transformers)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferLayer(DynamicLayer):  # type: ignore[misc]
+        """``update`` writes the new entries into the batch's buffers in place and returns
+        the buffer up to the longest row plus the new tokens; the step mask hides what a
+        row does not own."""
+
+        def __init__(self, batch: BatchedKV, layer: int, width: int) -> None:
+            super().__init__()
+            self.batch, self.layer, self.width = batch, layer, width
+            keys, values = batch.keys[layer], batch.values[layer]
+            self.lazy_initialization(keys, values)
+            self.keys, self.values = keys[:, :, :width], values[:, :, :width]
+
+        def update(self, key_states, value_states, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self.batch.write(self.layer, key_states, value_states)
+            end = self.width + key_states.shape[2]
+            self.keys = self.batch.keys[self.layer][:, :, :end]
+            self.values = self.batch.values[self.layer][:, :, :end]
+            return self.keys, self.values
+
+    return BufferLayer
+
+
+@torch.inference_mode()
+def forward_rows(
+    model: Any, cache_kwarg: str, batch: BatchedKV, tokens: Sequence[Sequence[int]], *, last: bool
+) -> torch.Tensor:
+    """Feed row ``r`` the tokens ``tokens[r]`` at its own next positions and append them.
+
+    Returns the logits of each row's last new token ``[B, V]`` when ``last``, else every
+    position's ``[B, q, V]`` (row ``r``'s first ``len(tokens[r])`` are meaningful). Rows
+    with fewer tokens are padded; a padded query only sees its own row's keys, so it
+    stays finite, and its entries are not kept.
+    """
+    counts = [len(t) for t in tokens]
+    if len(counts) != batch.rows or min(counts, default=0) < 1:
+        raise ValueError("every row needs at least one new token")
+    q_len = max(counts)
+    device = batch.keys[0].device
+    ids = torch.tensor([list(t) + [t[-1]] * (q_len - len(t)) for t in tokens], device=device)
+    positions = (batch.positions.unsqueeze(1) + torch.arange(q_len)).to(device)
+    cache = batch.model_cache(q_len)
+    equal = len(set(counts)) == 1
+    with step_masks(batch.masks(q_len)):
+        out = model(
+            input_ids=ids,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1 if last and equal else 0,
+            **{cache_kwarg: cache},
+        )
+    batch.advance(counts)
+    logits = out.logits
+    if not last:
+        return logits
+    if equal:
+        return logits[:, -1]
+    index = torch.tensor(counts, device=logits.device) - 1
+    return logits[torch.arange(len(counts), device=logits.device), index]

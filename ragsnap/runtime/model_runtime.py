@@ -1,0 +1,116 @@
+"""The model runtime: the one object that calls the model (prefill, decode, teacher forcing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ragsnap.compression import Press
+from ragsnap.compression.words import word_starts
+from ragsnap.generation import GenerationConfig, stop_token_ids
+from ragsnap.models import LoadedModel
+from ragsnap.runtime import prefill as _prefill
+from ragsnap.runtime.attention import install_runtime_attention
+from ragsnap.runtime.decode import DecodeBatch
+from ragsnap.runtime.forward import sliding_windows
+from ragsnap.runtime.kv import cache_from_layers
+from ragsnap.runtime.prefill import PrefillResult
+from ragsnap.runtime.teacher_force import teacher_force
+
+
+class ModelRuntime:
+    """A loaded model with ragsnap's attention function installed.
+
+    ``chunk`` is the prefill chunk size in tokens (None: one pass per prompt).
+    """
+
+    def __init__(self, loaded: LoadedModel, chunk: int | None = None) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = loaded.device
+        self.chunk = chunk
+        self.cache_kwarg = loaded.cache_kwarg
+        self.stop_ids = stop_token_ids(self.tokenizer, self.model)
+        self.windows = sliding_windows(self.model.config)
+        install_runtime_attention(self.model)
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def cache_from(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        return cache_from_layers(self.model.config, layers)
+
+    def prefill(
+        self,
+        input_ids: Sequence[int],
+        press: Press,
+        *,
+        cache: Any | None = None,
+        start: int = 0,
+        on_chunk: Callable[[], None] | None = None,
+    ) -> PrefillResult:
+        """Prefill ``input_ids[start:]`` (on ``cache`` holding the first ``start``
+        positions, when given) in chunks, compressing every layer with ``press`` at the end."""
+        return _prefill.prefill(
+            self.model,
+            self.cache_kwarg,
+            input_ids,
+            press,
+            cache=self.new_cache() if cache is None else cache,
+            start=start,
+            chunk=self.chunk,
+            on_chunk=on_chunk,
+            word_starts=word_starts(self.tokenizer, input_ids),
+        )[0]
+
+    def prefill_many(
+        self, input_ids: Sequence[int], presses: Sequence[Press]
+    ) -> list[PrefillResult]:
+        """One prefill, several presses: each result has its own compressed cache."""
+        return _prefill.prefill(
+            self.model,
+            self.cache_kwarg,
+            input_ids,
+            presses,
+            cache=self.new_cache(),
+            word_starts=word_starts(self.tokenizer, input_ids),
+        )
+
+    def prefill_full(
+        self, input_ids: Sequence[int], on_chunk: Callable[[], None] | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Full KV of ``input_ids``, ``[1, Hkv, n, D]`` per layer (no press)."""
+        cache = self.new_cache()
+        _prefill.prefill_full(
+            self.model, self.cache_kwarg, input_ids, cache, chunk=self.chunk, on_chunk=on_chunk
+        )
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    def forward(self, token_ids: Sequence[int], cache: Any, start: int) -> torch.Tensor:
+        """Run ``token_ids`` at positions ``start..`` on a plain model cache; last logits ``[1, V]``."""
+        return _prefill.forward_chunk(self.model, self.cache_kwarg, token_ids, cache, start)
+
+    def generate(self, prefill: PrefillResult, generation: GenerationConfig) -> list[int]:
+        """The answer tokens of one prefill decoded alone (a batch of one row)."""
+        batch = self.decode_batch()
+        row = batch.add(0, prefill, generation)
+        for _ in batch.run():
+            pass
+        return row.tokens
+
+    def decode_batch(self, stop_ids: set[int] | None = None) -> DecodeBatch:
+        """An empty batch of decoding rows on this model (``stop_ids``: end-of-turn tokens,
+        the model's own by default; an empty set decodes to the length limit)."""
+        stops = self.stop_ids if stop_ids is None else stop_ids
+        return DecodeBatch(self.model, self.cache_kwarg, self.windows, stops)
+
+    def teacher_force(
+        self, prefills: Sequence[PrefillResult], tokens: Sequence[int]
+    ) -> torch.Tensor:
+        """Log-probs ``[k, n, V]`` of each prefill's cache along ``tokens`` (one pass)."""
+        return teacher_force(self.model, self.cache_kwarg, self.windows, prefills, tokens)

@@ -1,0 +1,182 @@
+"""Prefill with presses: chunked, cancellable between chunks, compressed once at the end.
+
+SnapKV-style presses vote with the queries of the last ``window`` prompt tokens, so the
+last chunk always covers the window; earlier chunks only append full KV. Presses that need
+every prompt query (``window_only = False``, e.g. H2O) prefill in one pass. ``on_chunk`` runs
+between chunks: the scheduler decodes the running requests there, and a cancelled
+request raises out of it, leaving the model free after at most one chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ragsnap.compression import CompressedLayer, Press, compression_hooks
+from ragsnap.runtime.kv import cache_nbytes, derive_cache
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class PrefillResult:
+    """A prompt after prefill and compression, ready to decode from.
+
+    ``cache`` holds the kept entries (``[1, Hkv, n_layer, D]`` per layer); decoding
+    continues at position ``original_length``. ``kept[i]`` is what the press kept of
+    compressed layer ``i`` (original positions in ``kept[i].indices``, ``[1, Hkv, n_layer]``).
+    """
+
+    cache: Any
+    original_length: int
+    next_logits: torch.Tensor  # [1, V]
+    kept: list[CompressedLayer]
+    press_config: dict[str, Any]
+    prefill_s: float
+    compress_s: float
+    kv_bytes_full: int
+    kv_bytes_kept: int
+    processed_tokens: int
+    # layer -> [1, Hkv, n] logit bias of the kept keys (Attention Matching); empty = none
+    bias: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(keys, values)`` per layer, ``[1, Hkv, n_l, D]``."""
+        return [(layer.keys, layer.values) for layer in self.cache.layers]
+
+    @property
+    def kept_tokens_per_layer(self) -> list[int]:
+        return [layer.indices.shape[-1] for layer in self.kept]
+
+    @property
+    def kept_tokens(self) -> int:
+        """Kept entries per KV head, averaged over compressed layers (rounded)."""
+        per_layer = self.kept_tokens_per_layer
+        return round(sum(per_layer) / len(per_layer)) if per_layer else self.original_length
+
+    def keep_rate(self) -> torch.Tensor:
+        """``[L]``: share of (compressed layer, KV head) pairs that kept each prompt position."""
+        counts = torch.zeros(self.original_length)
+        total = 0
+        for layer in self.kept:
+            idx = layer.indices[0].cpu()  # [Hkv, n]
+            counts += torch.bincount(idx.flatten(), minlength=self.original_length).float()
+            total += idx.shape[0]
+        return counts / max(total, 1)
+
+
+def chunk_starts(start: int, length: int, chunk: int | None, window: int) -> list[int]:
+    """Where each chunk of positions ``[start, length)`` begins; the last covers ``window``."""
+    if chunk is None or chunk <= 0 or length - start <= chunk:
+        return [start]
+    cuts = list(range(start, length, chunk))
+    last = max(start, min(cuts[-1], length - window))
+    return [c for c in cuts if c < last] + [last]
+
+
+def window_floor(press: Press | None) -> int:
+    """Positions the final forward pass must cover for ``press`` (its observation window)."""
+    return max(1, int(getattr(press, "window", 1) or 1))
+
+
+@torch.inference_mode()
+def forward_chunk(
+    model: Any, cache_kwarg: str, token_ids: Sequence[int], cache: Any, start: int
+) -> torch.Tensor:
+    """Run ``token_ids`` at positions ``start..`` on top of ``cache``; last logits ``[1, V]``."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(token_ids)], device=device)
+    positions = torch.arange(start, start + ids.shape[1], device=device).unsqueeze(0)
+    out = model(
+        input_ids=ids,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{cache_kwarg: cache},
+    )
+    return out.logits[:, -1, :]
+
+
+def prefill(
+    model: Any,
+    cache_kwarg: str,
+    input_ids: Sequence[int],
+    presses: Press | Sequence[Press],
+    *,
+    cache: Any,
+    start: int = 0,
+    chunk: int | None = None,
+    on_chunk: Callable[[], None] | None = None,
+    word_starts: torch.Tensor | None = None,
+) -> list[PrefillResult]:
+    """Prefill ``input_ids[start:]`` on top of ``cache`` (holding the first ``start``
+    positions) in chunks of ``chunk`` tokens, and compress every layer at the end.
+
+    One press compresses ``cache`` in place; several presses leave it full and each result
+    gets its own derived cache (prefill attention is full whatever the press, so each keeps
+    what a prefill of its own would keep). ``on_chunk()`` runs after every chunk but the last.
+    """
+    press_list = [presses] if isinstance(presses, Press) else list(presses)
+    device = next(model.parameters()).device
+    single = len(press_list) == 1
+    window = max(window_floor(p) for p in press_list)
+    if not all(p.window_only for p in press_list):
+        chunk = None  # the press needs every prompt query at once
+    starts = chunk_starts(start, len(input_ids), chunk, window)
+    _sync(device)
+    started = time.perf_counter()
+    for begin, end in zip(starts, starts[1:], strict=False):
+        forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+        if on_chunk is not None:
+            on_chunk()
+    with compression_hooks(model, press_list, apply=single, word_starts=word_starts) as recorder:
+        recorder.armed = True
+        logits = forward_chunk(model, cache_kwarg, input_ids[starts[-1] :], cache, starts[-1])
+    _sync(device)
+    prefill_s = time.perf_counter() - started
+    results = []
+    for i, press in enumerate(press_list):
+        kept_cache = cache if single else derive_cache(cache, recorder.results[i])
+        results.append(
+            PrefillResult(
+                cache=kept_cache,
+                original_length=len(input_ids),
+                next_logits=logits,
+                kept=recorder.layer_results(i),
+                bias=recorder.layer_bias(i),
+                press_config=press.config(),
+                prefill_s=prefill_s,
+                compress_s=recorder.seconds if single else recorder.press_seconds[i],
+                kv_bytes_full=recorder.bytes_seen,
+                kv_bytes_kept=cache_nbytes(kept_cache),
+                processed_tokens=len(input_ids) - start,
+            )
+        )
+    return results
+
+
+def prefill_full(
+    model: Any,
+    cache_kwarg: str,
+    input_ids: Sequence[int],
+    cache: Any,
+    *,
+    chunk: int | None = None,
+    on_chunk: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """Full KV of ``input_ids`` into ``cache`` (no press), chunked; last logits ``[1, V]``."""
+    starts = chunk_starts(0, len(input_ids), chunk, 1)
+    logits = torch.empty(0)
+    for i, (begin, end) in enumerate(zip(starts, [*starts[1:], len(input_ids)], strict=True)):
+        logits = forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+        if on_chunk is not None and i + 1 < len(starts):
+            on_chunk()
+    return logits

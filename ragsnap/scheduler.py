@@ -1,0 +1,234 @@
+"""Continuous batching: many requests decoding together on one engine, in one thread.
+
+Each step admits work up to a token budget: one decode token for every running request,
+plus a chunk of one waiting prompt's prefill (``step_tokens`` minus the running rows). The
+prefill runs through the engine's cache tiers (a hit skips straight to decode), and
+between its chunks the running rows take their next decode step, so streams keep flowing
+while a new prompt prefills. A request that finishes or is cancelled leaves at the next
+step; a new one joins at the next step. ``max_batch=1`` is the serial behaviour: one
+request at a time, start to finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ragsnap.documents import Document
+from ragsnap.engine import AnswerOptions, PreparedAnswer, RagSnapEngine, TextStream
+from ragsnap.events import AnswerEvent, TokenEvent
+from ragsnap.runtime.decode import DecodeRow
+
+logger = logging.getLogger(__name__)
+
+
+class Cancelled(Exception):
+    """The request being prefilled was cancelled between two chunks."""
+
+
+class Request(Protocol):
+    """What the scheduler needs of a request (the service's job implements it)."""
+
+    question: str
+    documents: Sequence[Document]
+    options: AnswerOptions
+    namespace: str
+
+    def is_cancelled(self) -> bool: ...
+
+    def started(self) -> None: ...
+
+    def emit(self, event: AnswerEvent) -> None: ...
+
+    def fail(self, error: Exception) -> None: ...
+
+    def close(self, outcome: str) -> None: ...
+
+
+@dataclass
+class _Running:
+    request: Request
+    prepared: PreparedAnswer
+    row: DecodeRow
+    text: TextStream
+    ttft_s: float | None = None
+
+
+@dataclass
+class StepStats:
+    """What the last steps looked like (for metrics): rows per decode step and its seconds."""
+
+    batch_size: int = 0
+    step_s: float = 0.0
+    steps: int = 0
+    on_step: Callable[[int, float], None] | None = field(default=None, repr=False)
+
+
+class Scheduler:
+    """Runs requests on ``engine`` with continuous batching (see the module docstring)."""
+
+    def __init__(self, engine: RagSnapEngine, max_batch: int = 8, step_tokens: int = 256) -> None:
+        if max_batch < 1 or step_tokens < 1:
+            raise ValueError("max_batch and step_tokens must be at least 1")
+        self.engine = engine
+        self.max_batch = max_batch
+        self.step_tokens = step_tokens
+        self.batch = engine.runtime.decode_batch()
+        self.stats = StepStats()
+        self._waiting: deque[Request] = deque()
+        self._running: dict[int, _Running] = {}
+        self._next_key = 0
+        self._changed = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.prefilling: Request | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="ragsnap-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> list[Request]:
+        """Stop after the current step; returns the requests that never started."""
+        with self._changed:
+            self._stopping = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self._changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        return waiting
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def submit(self, request: Request) -> None:
+        with self._changed:
+            self._waiting.append(request)
+            self._changed.notify()
+
+    def waiting(self) -> list[Request]:
+        with self._changed:
+            return list(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running) + (1 if self.prefilling is not None else 0)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _next(self) -> Request | None:
+        """The next waiting request to admit, or None when the batch is full or none waits."""
+        with self._changed:
+            while not self._stopping:
+                while self._waiting and self._waiting[0].is_cancelled():
+                    self._waiting.popleft().close("cancelled")
+                if self._waiting and len(self._running) < self.max_batch:
+                    return self._waiting.popleft()
+                if self._running:
+                    return None
+                self._changed.wait()
+            return None
+
+    def _run(self) -> None:
+        while not self._stopping:
+            request = self._next()
+            if request is not None:
+                self._admit(request)
+            elif self._running:
+                self._decode_step()
+        for running in list(self._running.values()):
+            self._end(running, "cancelled", cancelled=True)
+
+    def _admit(self, request: Request) -> None:
+        """Prefill ``request`` (decoding the running rows between its chunks) and add its row."""
+        request.started()
+        self.prefilling = request
+        # the per-step token budget: one token per running row, the rest for the prefill chunk
+        self.engine.runtime.chunk = max(32, self.step_tokens - len(self._running))
+
+        def between_chunks() -> None:
+            if request.is_cancelled():
+                raise Cancelled
+            if self._running:
+                self._decode_step()
+
+        try:
+            prepared = self.engine.prepare(
+                request.question,
+                request.documents,
+                request.options,
+                request.namespace,
+                on_chunk=between_chunks,
+            )
+            if request.is_cancelled():
+                raise Cancelled
+        except Cancelled:
+            request.close("cancelled")
+            return
+        except Exception as exc:
+            request.fail(exc)
+            return
+        finally:
+            self.prefilling = None
+        request.emit(prepared.meta())
+        key, self._next_key = self._next_key, self._next_key + 1
+        # a request may end its row early (stop strings matched in the text it emitted)
+        stop = getattr(request, "should_stop", None)
+        row = self.batch.add(key, prepared.prefill, request.options.generation, stop)
+        self._running[key] = _Running(request, prepared, row, TextStream(self.engine.tokenizer))
+
+    def _decode_step(self) -> None:
+        for key, running in self._running.items():
+            if running.request.is_cancelled():
+                self.batch.cancel(key)
+        try:
+            outputs = self.batch.step()
+        except Exception as exc:  # the batch is unusable: every row fails, the loop goes on
+            logger.exception("decode step failed")
+            failed, self._running = list(self._running.values()), {}
+            self.batch = self.engine.runtime.decode_batch()
+            for running in failed:
+                running.request.fail(exc)
+            return
+        self.stats.batch_size, self.stats.step_s = len(outputs), self.batch.last_step_s
+        self.stats.steps += 1
+        if self.stats.on_step is not None:
+            self.stats.on_step(len(outputs), self.batch.last_step_s)
+        now = time.perf_counter()
+        for out in outputs:
+            running = self._running[int(out.key)]  # type: ignore[call-overload]
+            if out.token is not None:
+                if running.ttft_s is None:
+                    running.ttft_s = now - running.prepared.started
+                if delta := running.text.push(out.token):
+                    running.request.emit(TokenEvent(text=delta))
+            if out.finish_reason is not None:
+                del self._running[int(out.key)]  # type: ignore[call-overload]
+                self._end(running, out.finish_reason, cancelled=out.finish_reason == "cancelled")
+
+    def _end(self, running: _Running, reason: str, *, cancelled: bool) -> None:
+        request = running.request
+        if cancelled:
+            request.close("cancelled")
+            return
+        try:
+            if rest := running.text.flush():
+                request.emit(TokenEvent(text=rest))
+            citations, done = self.engine.finish(running.prepared, running.row, running.ttft_s)
+            done.stats["finish_reason"] = reason
+            done.stats["batch_steps"] = running.row.steps
+            request.emit(citations)
+            request.emit(done)
+        except Exception as exc:
+            request.fail(exc)
+            return
+        request.close("ok")

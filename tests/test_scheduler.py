@@ -1,0 +1,179 @@
+"""Continuous batching: requests join, leave and get exactly their batch-1 answers."""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from ragsnap.compression import make_press
+from ragsnap.documents import Document
+from ragsnap.engine import AnswerOptions
+from ragsnap.events import DoneEvent, MetaEvent, TokenEvent
+from ragsnap.generation import GenerationConfig
+from ragsnap.scheduler import Scheduler
+from tests.api_helpers import DOCS, FAST, parse_sse, running_server
+from tests.tiny_models import tiny_engine
+
+
+def words(start: int, count: int) -> str:
+    return " ".join(f"t{2 + (start + i) % 90}" for i in range(count))
+
+
+@dataclass
+class Collector:
+    """A request that records what the scheduler sends it."""
+
+    question: str
+    documents: list[Document]
+    options: AnswerOptions
+    namespace: str = "default"
+    events: list = field(default_factory=list)
+    outcome: str | None = None
+    error: Exception | None = None
+    cancel_after: int | None = None
+    closed: threading.Event = field(default_factory=threading.Event)
+
+    def is_cancelled(self) -> bool:
+        tokens = sum(isinstance(e, TokenEvent) for e in self.events)
+        return self.cancel_after is not None and tokens >= self.cancel_after
+
+    def started(self) -> None:
+        pass
+
+    def emit(self, event) -> None:
+        self.events.append(event)
+
+    def fail(self, error: Exception) -> None:
+        self.error = error
+        self.close("error")
+
+    def close(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.closed.set()
+
+    @property
+    def done(self) -> DoneEvent:
+        return next(e for e in self.events if isinstance(e, DoneEvent))
+
+
+def requests_for_tiny_engine() -> list[Collector]:
+    presses = [
+        make_press("ragsnap", budget=24, window=8),
+        make_press("snapkv", budget=40, window=8),
+        make_press("full"),
+        make_press("pyramidkv", budget=30, window=8),
+    ]
+    out = []
+    for i, press in enumerate(presses):
+        docs = [Document(id=f"d{i}", title="t3", text=words(7 * i, 60 + 25 * i))]
+        generation = GenerationConfig(max_new_tokens=6 + 3 * i)
+        out.append(Collector(words(50 + i, 4), docs, AnswerOptions(press, generation)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine_tiny():
+    engine = tiny_engine("llama")
+    engine.stop_ids.clear()  # random weights: decode to the length limit
+    return engine
+
+
+def run(engine, requests, max_batch=8, step_tokens=48):
+    scheduler = Scheduler(engine, max_batch=max_batch, step_tokens=step_tokens)
+    scheduler.start()
+    for r in requests:
+        scheduler.submit(r)
+    for r in requests:
+        assert r.closed.wait(60), "request never finished"
+    scheduler.stop()
+    return scheduler
+
+
+def test_batched_answers_equal_serial_answers_and_requests_interleave(engine_tiny) -> None:
+    serial = requests_for_tiny_engine()
+    run(engine_tiny, serial, max_batch=1)
+    batched = requests_for_tiny_engine()
+    scheduler = run(engine_tiny, batched, max_batch=8)
+    assert [r.done.answer for r in batched] == [r.done.answer for r in serial]
+    assert all(r.outcome == "ok" for r in batched)
+    assert [r.done.stats["new_tokens"] for r in batched] == [6, 9, 12, 15]
+    for r in batched:
+        assert isinstance(r.events[0], MetaEvent) and isinstance(r.events[-1], DoneEvent)
+    # the longest request kept decoding while the later ones prefilled and joined
+    assert scheduler.stats.steps < sum(r.done.stats["new_tokens"] for r in batched)
+
+
+def test_a_cancelled_request_leaves_and_the_others_are_unchanged(engine_tiny) -> None:
+    alone = requests_for_tiny_engine()
+    run(engine_tiny, alone, max_batch=1)
+    mixed = requests_for_tiny_engine()
+    mixed[2].cancel_after = 2
+    run(engine_tiny, mixed)
+    assert mixed[2].outcome == "cancelled" and not any(
+        isinstance(e, DoneEvent) for e in mixed[2].events
+    )
+    for i in (0, 1, 3):
+        assert mixed[i].done.answer == alone[i].done.answer
+
+
+def test_a_prefill_cancelled_between_chunks_frees_the_scheduler(engine_tiny) -> None:
+    long = requests_for_tiny_engine()[3]
+    long.cancel_after = 0  # cancelled from the start: stops at its first chunk boundary
+    short = requests_for_tiny_engine()[0]
+    run(engine_tiny, [long, short], step_tokens=32)
+    assert long.outcome == "cancelled" and short.outcome == "ok"
+
+
+def test_a_failing_request_does_not_stop_the_others(engine_tiny) -> None:
+    bad = Collector("   ", [], AnswerOptions())  # an empty question
+    good = requests_for_tiny_engine()[1]
+    run(engine_tiny, [bad, good])
+    assert bad.outcome == "error" and "question" in str(bad.error)
+    assert good.outcome == "ok"
+
+
+@pytest.mark.model
+def test_service_under_concurrent_streaming_clients_answers_or_refuses(engine) -> None:
+    from api.app import create_app
+    from api.settings import Settings
+
+    settings = Settings(max_queue=3, max_batch=4, step_tokens=128)
+    statuses, done, lock = [], [], threading.Lock()
+
+    def client(i: int, url: str) -> None:
+        body = {
+            "question": ["What causes tides?", "How do bees find flowers?"][i % 2],
+            "documents": DOCS,
+            "max_new_tokens": 12,
+            "compression": FAST,
+            "stream": True,
+        }
+        with httpx.stream("POST", f"{url}/v1/answer", json=body, timeout=300) as response:
+            names = (
+                [n for n, _ in parse_sse(response.iter_lines())]
+                if response.status_code == 200
+                else []
+            )
+            with lock:
+                statuses.append(response.status_code)
+                done.append(names)
+
+    with running_server(create_app(settings, engine=engine)) as url:
+        threads = [threading.Thread(target=client, args=(i, url)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        metrics = httpx.get(f"{url}/metrics").text
+    assert len(statuses) == 8 and set(statuses) <= {200, 429}
+    assert statuses.count(200) >= 3  # the first, and the three that waited
+    for names in done:
+        if names:
+            assert names[0] == "meta" and names[-1] == "done" and "error" not in names
+    steps = float(re.search(r"^ragsnap_decode_batch_size_count (\S+)$", metrics, re.M).group(1))
+    rows = float(re.search(r"^ragsnap_decode_batch_size_sum (\S+)$", metrics, re.M).group(1))
+    assert rows > steps  # requests really decoded together
