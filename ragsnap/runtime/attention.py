@@ -16,20 +16,37 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-_ACTIVE_MASKS: ContextVar[Mapping[int, torch.Tensor] | None] = ContextVar(
+
+@dataclass(frozen=True)
+class StepMask:
+    """One layer's attention mask for a batched pass.
+
+    ``mask`` is additive, ``[B, Hkv or 1, q, kv]`` (``-inf`` hides a key); ``widths[r]``
+    is how many leading keys row ``r`` can see at all (the rest is padding), so rows much
+    shorter than the longest one need not read it.
+    """
+
+    mask: torch.Tensor
+    widths: tuple[int, ...]
+
+
+_ACTIVE_MASKS: ContextVar[Mapping[int, StepMask] | None] = ContextVar(
     "ragsnap_step_masks", default=None
 )
 PREFIX = "ragsnap_"
+# below this share of real keys in the padded batch, rows attend one at a time
+RAGGED_SHARE = 0.6
 
 
 @contextmanager
-def step_masks(masks: Mapping[int, torch.Tensor] | None) -> Iterator[None]:
-    """Use ``masks[layer]`` (additive, ``[B, Hkv or 1, q, kv]``) as each layer's attention mask."""
+def step_masks(masks: Mapping[int, StepMask] | None) -> Iterator[None]:
+    """Use ``masks[layer]`` as each layer's attention mask for the duration of the block."""
     token = _ACTIVE_MASKS.set(masks or None)
     try:
         yield
@@ -43,6 +60,7 @@ def masked_sdpa(
     value: torch.Tensor,
     mask: torch.Tensor,
     scaling: float | None = None,
+    widths: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """sdpa over grouped KV heads with an additive per-KV-head mask.
 
@@ -50,6 +68,9 @@ def masked_sdpa(
     ----------
     query : ``[B, Hq, q, D]``; key, value : ``[B, Hkv, kv, D]``.
     mask : ``[B, Hkv or 1, q, kv]`` float, added to the logits (``-inf`` hides a key).
+    widths : per row, the leading keys it may see; when most of the batch is padding
+        (rows of very different lengths: a full cache beside compressed ones), each row
+        attends over its own keys only.
 
     Returns
     -------
@@ -58,9 +79,29 @@ def masked_sdpa(
     group = query.shape[1] // key.shape[1]
     if mask.shape[1] > 1:  # a per-KV-head bias: each query head uses its group's row
         mask = mask.repeat_interleave(group, dim=1)
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask.to(query.dtype), scale=scaling, enable_gqa=group > 1
-    )
+    mask = mask.to(query.dtype)
+    if (
+        widths is not None
+        and len(widths) > 1
+        and sum(widths) < RAGGED_SHARE * len(widths) * key.shape[2]
+    ):
+        out = torch.cat(
+            [
+                F.scaled_dot_product_attention(
+                    query[r : r + 1],
+                    key[r : r + 1, :, :w],
+                    value[r : r + 1, :, :w],
+                    attn_mask=mask[r : r + 1, :, :, :w],
+                    scale=scaling,
+                    enable_gqa=group > 1,
+                )
+                for r, w in enumerate(widths)
+            ]
+        )
+    else:
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
+        )
     return out.transpose(1, 2).contiguous()
 
 
@@ -99,7 +140,7 @@ def install_runtime_attention(model: Any) -> str:
                     dropout=dropout,
                     **kwargs,
                 )
-            return masked_sdpa(query, key, value, mask, scaling), None
+            return masked_sdpa(query, key, value, mask.mask, scaling, mask.widths), None
 
         AttentionInterface.register(name, forward)
         if original in ALL_MASK_ATTENTION_FUNCTIONS:

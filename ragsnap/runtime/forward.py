@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ragsnap.runtime.attention import step_masks
+from ragsnap.runtime.attention import StepMask, step_masks
 
 Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
@@ -136,14 +136,14 @@ class BatchedKV:
 
     # -- one forward pass --------------------------------------------------------------
 
-    def masks(self, q_len: int) -> dict[int, torch.Tensor]:
+    def masks(self, q_len: int) -> dict[int, StepMask]:
         """Per layer, the additive mask ``[B, Hkv or 1, q, K_l + q]`` of the next pass, where
         ``K_l`` is the longest row of layer ``l``. Row ``r``'s new tokens sit right after its
         own ``n_r`` entries (columns ``n_r .. n_r + q - 1``); columns past them are padding."""
         device = self.keys[0].device
         dtype = self.keys[0].dtype
         new_pos = torch.arange(q_len)
-        out: dict[int, torch.Tensor] = {}
+        out: dict[int, StepMask] = {}
         for i, window in enumerate(self.windows):
             lengths = self.lengths[:, i]
             cols = torch.arange(int(lengths.max()) + q_len)
@@ -161,7 +161,7 @@ class BatchedKV:
             if bias is not None:
                 width = mask.shape[-1]
                 mask = mask + bias[:, :, :width].unsqueeze(2)
-            out[i] = mask
+            out[i] = StepMask(mask, tuple(int(n) + q_len for n in lengths))
         return out
 
     def model_cache(self, q_len: int) -> Any:
