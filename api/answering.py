@@ -21,6 +21,7 @@ from ragsnap.engine import AnswerOptions
 from ragsnap.errors import ConfigError
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.generation import GenerationConfig
+from ragsnap.prompt import ChatContext, Turn
 
 
 def check_question(question: str, settings: Settings, param: str = "question") -> str:
@@ -36,7 +37,7 @@ def check_question(question: str, settings: Settings, param: str = "question") -
     return question
 
 
-def _inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> list[Document]:
+def inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> list[Document]:
     if len(documents) > settings.max_documents:
         raise ApiError(
             413,
@@ -90,7 +91,7 @@ def resolve_documents(
             raise ApiError(
                 422, "documents: give at least one", param="documents", code="invalid_value"
             )
-        return _inline_documents(fields.documents, settings)
+        return inline_documents(fields.documents, settings)
     if fields.query is None:
         raise ApiError(
             422,
@@ -118,6 +119,28 @@ def resolve_documents(
     return found
 
 
+def chat_context(
+    instructions: str | None,
+    history: Sequence[Turn],
+    settings: Settings,
+    param: str = "history",
+) -> ChatContext | None:
+    """A chat's instructions and earlier turns, within the question's size limit times
+    the turns allowed (413 naming ``param`` over it)."""
+    if not (instructions or "").strip() and not history:
+        return None
+    size = len(instructions or "") + sum(len(t.text) for t in history)
+    limit = settings.max_question_chars * 16
+    if size > limit:
+        raise ApiError(
+            413,
+            f"{param}: {size} characters of instructions and earlier turns, at most {limit}",
+            param=param,
+            code="history_too_long",
+        )
+    return ChatContext(instructions=instructions or "", history=tuple(history))
+
+
 def answer_options(
     compression: CompressionIn | None,
     settings: Settings,
@@ -127,6 +150,8 @@ def answer_options(
     top_p: float | None,
     seed: int | None,
     tokens_param: str = "max_new_tokens",
+    stop: str | Sequence[str] | None = None,
+    chat: ChatContext | None = None,
 ) -> AnswerOptions:
     """Press and generation settings; a bad value is a 422 naming its field."""
     default = min(settings.default_max_new_tokens, settings.max_new_tokens_limit)
@@ -145,13 +170,19 @@ def answer_options(
     except ConfigError as exc:
         param = f"compression.{exc.field}" if exc.field else "compression"
         raise ApiError(422, f"{param}: {exc.message}", param=param, code="invalid_value") from None
-    generation = GenerationConfig(
-        max_new_tokens=tokens,
-        temperature=temperature or 0.0,
-        top_p=top_p if top_p is not None else 1.0,
-        seed=seed,
-    )
-    return AnswerOptions(press=press, generation=generation)
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    try:
+        generation = GenerationConfig(
+            max_new_tokens=tokens,
+            temperature=temperature or 0.0,
+            top_p=top_p if top_p is not None else 1.0,
+            seed=seed,
+            stop=stops,
+        )
+    except ConfigError as exc:
+        param = exc.field or "generation"
+        raise ApiError(422, f"{param}: {exc.message}", param=param, code="invalid_value") from None
+    return AnswerOptions(press=press, generation=generation, chat=chat)
 
 
 def submit_job(

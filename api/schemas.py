@@ -73,10 +73,27 @@ class RetrievalFields(BaseModel):
     compression: CompressionIn | None = None
 
 
-class AnswerRequest(RetrievalFields):
-    """``POST /v1/answer``."""
+class TurnIn(BaseModel):
+    """An earlier turn of the conversation."""
 
     model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant"]
+    content: str = Field(max_length=100_000)
+
+
+StopIn = str | list[str] | None
+
+
+class AnswerRequest(RetrievalFields):
+    """``POST /v1/answer``. ``instructions`` and ``history`` (a chat's own instructions and
+    earlier turns) go into the prompt before the question; ``stop`` cuts the answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instructions: str | None = Field(default=None, max_length=100_000)
+    history: list[TurnIn] | None = Field(default=None, max_length=256)
+    stop: StopIn = None
 
     question: str = Field(min_length=1, max_length=1_000_000)
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -125,10 +142,11 @@ class StreamOptions(BaseModel):
 
 class ChatCompletionRequest(RetrievalFields):
     """``POST /v1/chat/completions``: OpenAI's body; ragsnap's fields ride along as extra
-    body fields (``documents`` | ``query``/``top_k``, ``compression``). OpenAI fields that
-    do not apply (tools, logprobs...) are accepted and ignored."""
+    body fields (``documents`` | ``query``/``top_k``, ``compression``, ``sources``). Other
+    fields are kept in ``model_extra`` and refused unless they hold their "off" value
+    (:func:`api.openai_serving.refuse_unsupported`)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, max_length=256)
     messages: list[ChatMessage] = Field(min_length=1, max_length=256)
@@ -139,11 +157,6 @@ class ChatCompletionRequest(RetrievalFields):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
-    n: int | None = Field(default=None, ge=1, le=1)
-
-    def question(self) -> str:
-        """The last user message: ragsnap answers one question per request."""
-        for message in reversed(self.messages):
-            if message.role == "user":
-                return message.text()
-        return ""
+    n: int | None = Field(default=None, ge=1, le=1, description="one choice per request")
+    stop: StopIn = None
+    sources: bool = Field(default=False, description="append a Sources: list to the answer")

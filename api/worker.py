@@ -26,6 +26,7 @@ from ragsnap.errors import RagSnapError
 from ragsnap.events import AnswerEvent, DoneEvent
 from ragsnap.scheduler import Scheduler
 from ragsnap.stats import AnswerStats
+from ragsnap.stopping import StopFilter
 
 logger = logging.getLogger("ragsnap.api.worker")
 
@@ -75,6 +76,11 @@ class AnswerJob:
 
     metrics: ServiceMetrics | None = None
     on_close: Any = None  # called with the job when it ends (the worker's job-time average)
+    _stopper: StopFilter | None = None
+
+    def __post_init__(self) -> None:
+        if self.options.generation.stop:  # stop strings: the answer is cut as it streams
+            self._stopper = StopFilter(self.options.generation.stop)
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -89,7 +95,19 @@ class AnswerJob:
         if self.metrics is not None:
             self.metrics.queue_wait.observe(self.started_at - self.accepted_at)
 
+    def should_stop(self, tokens: list[int]) -> bool:
+        """The decoder ends this row (normally: citations and ``done`` follow) once a stop
+        string matched."""
+        return self._stopper is not None and self._stopper.matched is not None
+
     def emit(self, event: AnswerEvent) -> None:
+        if self._stopper is not None:
+            for piece in self._stopper.push(event):
+                self._emit(piece)
+        else:
+            self._emit(event)
+
+    def _emit(self, event: AnswerEvent) -> None:
         if event.type == "token":
             self.new_tokens += 1
         if isinstance(event, DoneEvent):

@@ -19,7 +19,7 @@ from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.generation import GenerationConfig
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
-from ragsnap.prompt import PromptLayout, assemble_prompt
+from ragsnap.prompt import ChatContext, PromptLayout, assemble_prompt
 from ragsnap.runtime.decode import DecodeRow
 from ragsnap.runtime.model_runtime import ModelRuntime
 from ragsnap.runtime.prefill import PrefillResult
@@ -34,6 +34,7 @@ class AnswerOptions:
 
     press: Press = field(default_factory=make_press)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    chat: ChatContext | None = None  # a chat's instructions and prior turns (prompt tail)
 
 
 @dataclass
@@ -138,6 +139,7 @@ class RagSnapEngine:
         generation: GenerationConfig,
         *,
         answer_prefix: str = "",
+        chat: ChatContext | None = None,
     ) -> PromptLayout:
         budget = self.loaded.context_length - generation.max_new_tokens
         return assemble_prompt(
@@ -146,6 +148,7 @@ class RagSnapEngine:
             documents,
             max_prompt_tokens=budget,
             answer_prefix=answer_prefix,
+            chat=chat,
         )
 
     # -- the three stages of an answer (the scheduler interleaves them) -----------------
@@ -163,7 +166,7 @@ class RagSnapEngine:
         ``on_chunk`` runs between prefill chunks; an exception from it abandons the prefill.
         """
         started = time.perf_counter()
-        layout = self.build_prompt(question, documents, options.generation)
+        layout = self.build_prompt(question, documents, options.generation, chat=options.chat)
         if self.tiers is None:
             prefill = self.runtime.prefill(layout.input_ids, options.press, on_chunk=on_chunk)
             report = CacheReport(status="off")

@@ -18,6 +18,7 @@ class GenerationConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    stop: tuple[str, ...] = ()  # the answer ends before the first of these (ragsnap.stopping)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -26,6 +27,10 @@ class GenerationConfig:
             raise ConfigError("temperature must be >= 0", field="temperature")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError("top_p must be in (0, 1]", field="top_p")
+        if len(self.stop) > 4 or any(not s or len(s) > 256 for s in self.stop):
+            raise ConfigError(
+                "stop: at most 4 non-empty strings of <= 256 characters", field="stop"
+            )
 
 
 class TokenSampler:

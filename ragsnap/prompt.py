@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ragsnap.documents import Document
 from ragsnap.errors import InputError
@@ -24,6 +24,51 @@ SYSTEM_INSTRUCTION = (
 _SENTINEL = "\u0000RAGSNAP_USER_CONTENT\u0000"
 # A document cut to fewer tokens than this is dropped instead of truncated.
 MIN_TRUNCATED_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One earlier turn of a conversation: who spoke and what they said."""
+
+    role: Literal["user", "assistant"]
+    text: str
+
+
+@dataclass(frozen=True)
+class ChatContext:
+    """What a chat adds to the question: the user's own instructions and the prior turns.
+
+    Both go into the prompt's tail, after the documents and before the question, as plain
+    (untrusted) text: the document prefix stays independent of them, so a cached prefix is
+    reused across conversations, and nothing a user writes can open a chat turn of its own.
+    ``SYSTEM_INSTRUCTION`` stays the system message (it is what makes the model cite).
+    """
+
+    instructions: str = ""
+    history: tuple[Turn, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.instructions.strip() and not self.history
+
+
+def format_chat_context(chat: ChatContext, max_tokens: int, tokenizer: Any) -> str:
+    """The tail text for ``chat``: ``Instructions: ...`` then ``Conversation so far:`` with
+    ``User:`` / ``Assistant:`` lines, the oldest turns dropped first to fit ``max_tokens``."""
+    lines: list[str] = []
+    if chat.instructions.strip():
+        lines.append(f"Instructions: {chat.instructions.strip()}\n\n")
+    turns = [
+        f"{'User' if t.role == 'user' else 'Assistant'}: {t.text.strip()}\n"
+        for t in chat.history
+        if t.text.strip()
+    ]
+    while turns:
+        text = "".join([*lines, "Conversation so far:\n", *turns, "\n"])
+        if len(encode_user_text(tokenizer, text)) <= max_tokens or len(turns) == 1:
+            return text
+        turns = turns[1:]  # the oldest turn goes first
+    return "".join(lines)
 
 
 @dataclass
@@ -133,6 +178,7 @@ def assemble_prompt(
     max_prompt_tokens: int,
     system: str = SYSTEM_INSTRUCTION,
     answer_prefix: str = "",
+    chat: ChatContext | None = None,
 ) -> PromptLayout:
     """Build the prompt for ``question`` over ``documents`` (given in rank order).
 
@@ -140,6 +186,9 @@ def assemble_prompt(
     dropped and the last one that partly fits is truncated; both are reported.
     ``answer_prefix`` (e.g. "The answer is") follows the generation prompt as the start
     of the model's answer: it is part of the prompt, so the observation window sees it.
+    ``chat`` (instructions and prior turns) goes before the question, after the
+    documents; its oldest turns are dropped when it would take over half the prompt.
+    Without ``chat`` the prompt is exactly the template's (``PROMPT_TEMPLATE_VERSION``).
     Raises :class:`InputError` when the question alone does not fit.
     """
     question = question.strip()
@@ -147,7 +196,10 @@ def assemble_prompt(
         raise InputError("the question is empty", field="question")
     before, after = _template_halves(tokenizer, system)
     head = _encode(tokenizer, before + "Documents:\n\n")
-    tail = encode_user_text(tokenizer, f"Question: {question}") + _encode(tokenizer, after)
+    context = ""
+    if chat is not None and not chat.empty:
+        context = format_chat_context(chat, max_prompt_tokens // 2, tokenizer)
+    tail = encode_user_text(tokenizer, f"{context}Question: {question}") + _encode(tokenizer, after)
     if answer_prefix.strip():
         tail += encode_user_text(tokenizer, answer_prefix.strip())
     room = max_prompt_tokens - len(head) - len(tail)

@@ -181,7 +181,9 @@ class Scheduler:
             self.prefilling = None
         request.emit(prepared.meta())
         key, self._next_key = self._next_key, self._next_key + 1
-        row = self.batch.add(key, prepared.prefill, request.options.generation)
+        # a request may end its row early (stop strings matched in the text it emitted)
+        stop = getattr(request, "should_stop", None)
+        row = self.batch.add(key, prepared.prefill, request.options.generation, stop)
         self._running[key] = _Running(request, prepared, row, TextStream(self.engine.tokenizer))
 
     def _decode_step(self) -> None:

@@ -37,6 +37,7 @@ class AnswerStats:
     cache_bytes_written: int = 0
     cache_load_s: float = 0.0
     finish_reason: str = "stop"  # stop | length
+    stop_sequence: str | None = None  # the stop string that ended the answer
     dropped_doc_ids: list[str] = field(default_factory=list)
     truncated_doc_ids: list[str] = field(default_factory=list)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,9 @@ def test_ask_streams_the_answer_then_a_summary(engine, docs, capsys, monkeypatch
         "24",
     )
     assert code == 0, err
+    # progress on stderr while the model loads, then the answer on stdout
+    assert re.search(r"ragsnap: loading model embedded \(device auto, \d+ thread\(s\)\)", err)
+    assert "ragsnap: model ready in" in err
     answer, _, summary = out.partition("\n---\n")
     assert answer.strip()
     assert "press snapkv: kept 48/" in summary

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 
 from api.answering import (
     answer_options,
+    chat_context,
     check_question,
     collect_answer,
     event_payload,
@@ -20,6 +21,7 @@ from api.errors import error_body
 from api.schemas import AnswerRequest, AnswerResponse
 from api.streaming import JobStreamingResponse, sse
 from api.worker import AnswerJob, JobFailure
+from ragsnap.prompt import Turn
 
 router = APIRouter(tags=["answer"])
 
@@ -57,6 +59,12 @@ async def answer(
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
+        stop=body.stop,
+        chat=chat_context(
+            body.instructions,
+            [Turn(t.role, t.content) for t in body.history or []],
+            settings,
+        ),
     )
     log["stream"] = body.stream
     job = submit_job(services, question, documents, options, namespace, log)

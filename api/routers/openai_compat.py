@@ -1,8 +1,10 @@
 """OpenAI-compatible ``/v1/chat/completions`` and ``/v1/models``.
 
-The question is the last user message; documents (or ``query``/``top_k``) and
-``compression`` travel as extra body fields. The response, or the final stream chunk,
-carries ``citations`` and ``ragsnap`` (the engine's statistics).
+The route is thin: :mod:`api.openai_serving` turns the body into ragsnap's inputs (and
+refuses what ragsnap cannot honour); the response, or the final stream chunk, carries
+``citations``, ``documents`` (those in the prompt, in order) and ``ragsnap`` (the
+engine's statistics). Usage is sent once: in the
+response, or in the usage-only chunk of a stream that asked for it (``include_usage``).
 """
 
 from __future__ import annotations
@@ -14,38 +16,31 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from api.answering import (
-    answer_options,
-    check_question,
-    collect_answer,
-    event_payload,
-    record_job,
-    resolve_documents,
-    submit_job,
-)
+from api.answering import answer_options, collect_answer, event_payload, record_job, submit_job
 from api.deps import NamespaceDep, RequestLogDep, ServicesDep, SettingsDep
 from api.errors import ApiError, error_body
+from api.openai_serving import (
+    chat_documents,
+    citation_annotations,
+    citation_logprobs,
+    conversation,
+    parse_chat,
+    refuse_unsupported,
+    sources_text,
+    usage,
+)
 from api.schemas import ChatCompletionRequest
 from api.services import Services
 from api.settings import Settings
 from api.streaming import JobStreamingResponse, sse
 from api.worker import AnswerJob, JobFailure
-from ragsnap.events import CitationsEvent, DoneEvent, TokenEvent
-from ragsnap.stats import AnswerStats
+from ragsnap.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 
 router = APIRouter(tags=["openai"])
 
 
 def served_names(services: Services, settings: Settings) -> list[str]:
     return [services.model_id, settings.served_model_name]
-
-
-def _usage(stats: AnswerStats) -> dict[str, int]:
-    return {
-        "prompt_tokens": stats.prompt_tokens,
-        "completion_tokens": stats.new_tokens,
-        "total_tokens": stats.prompt_tokens + stats.new_tokens,
-    }
 
 
 @router.get("/v1/models")
@@ -61,16 +56,20 @@ async def list_models(services: ServicesDep, settings: SettingsDep) -> dict[str,
 
 
 async def completion_chunks(
-    job: AnswerJob, base: dict[str, Any], include_usage: bool
+    job: AnswerJob, base: dict[str, Any], include_usage: bool, sources: bool
 ) -> AsyncIterator[str]:
     """Role chunk, one content chunk per token event, a final chunk with ``finish_reason``,
-    ``citations`` and ``ragsnap`` stats; then ``[DONE]``. A failure is an ``error`` chunk."""
+    ``citations`` (also as ``annotations`` and in ``logprobs``) and ``ragsnap`` stats; the
+    usage-only chunk when asked for; then ``[DONE]``. A failure is an ``error`` chunk."""
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    def chunk(
+        delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, **extra: Any
+    ) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return sse({**base, "choices": [choice], **extra})
 
     yield chunk({"role": "assistant", "content": ""})
+    documents: list[dict[str, str]] = []
     async for item in job.stream():
         if isinstance(item, JobFailure):
             yield sse(
@@ -79,17 +78,23 @@ async def completion_chunks(
                 )
             )
             break
-        if isinstance(item, TokenEvent):
+        if isinstance(item, MetaEvent):
+            documents = item.documents
+        elif isinstance(item, TokenEvent):
             yield chunk({"content": item.text})
         elif isinstance(item, DoneEvent):
             stats = item.stats
             citations = event_payload(CitationsEvent(item.citations))["citations"]
-            usage = _usage(stats)
-            yield chunk(
-                {}, stats.finish_reason, citations=citations, ragsnap=stats.to_dict(), usage=usage
-            )
+            footer = sources_text(item.citations) if sources else ""
+            if footer:
+                yield chunk({"content": footer})
+            delta = {"annotations": citation_annotations(item.answer, item.citations)}
+            finish = stats.finish_reason
+            logprobs = citation_logprobs(citations)
+            extra = {"citations": citations, "documents": documents, "ragsnap": stats.to_dict()}
+            yield chunk(delta, finish, logprobs, **extra)
             if include_usage:
-                yield sse({**base, "choices": [], "usage": usage})
+                yield sse({**base, "choices": [], "usage": usage(stats)})
     yield sse("[DONE]")
 
 
@@ -109,8 +114,10 @@ async def chat_completions(
             param="model",
             code="model_not_found",
         )
-    question = check_question(body.question(), settings, param="messages")
-    documents = resolve_documents(body, services, settings)
+    refuse_unsupported(body)
+    parsed = parse_chat(body, settings)
+    documents = chat_documents(body, parsed, services, settings)
+    chat = conversation(parsed, settings)  # after: the system text may have become the context
     tokens_param = (
         "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     )
@@ -122,9 +129,11 @@ async def chat_completions(
         top_p=body.top_p,
         seed=body.seed,
         tokens_param=tokens_param,
+        stop=body.stop,
+        chat=chat,
     )
     log["stream"] = body.stream
-    job = submit_job(services, question, documents, options, namespace, log)
+    job = submit_job(services, parsed.question, documents, options, namespace, log)
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion.chunk",
@@ -133,23 +142,32 @@ async def chat_completions(
     }
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return JobStreamingResponse(job, completion_chunks(job, base, include_usage), log)
+        chunks = completion_chunks(job, base, include_usage, body.sources)
+        return JobStreamingResponse(job, chunks, log)
     try:
-        _, done = await collect_answer(job, request)
+        meta, done = await collect_answer(job, request)
     finally:
         record_job(job, log)
+    citations = [c.to_dict() for c in done.citations]
+    content = done.answer + (sources_text(done.citations) if body.sources else "")
+    message = {
+        "role": "assistant",
+        "content": content,
+        "annotations": citation_annotations(done.answer, done.citations),
+    }
     return {
         **base,
         "object": "chat.completion",
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": done.answer},
-                "logprobs": None,
+                "message": message,
+                "logprobs": citation_logprobs(citations),
                 "finish_reason": done.stats.finish_reason,
             }
         ],
-        "usage": _usage(done.stats),
-        "citations": [c.to_dict() for c in done.citations],
+        "usage": usage(done.stats),
+        "citations": citations,
+        "documents": meta.documents,
         "ragsnap": done.stats.to_dict(),
     }

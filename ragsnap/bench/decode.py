@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
 from ragsnap.generation import GenerationConfig
 
@@ -78,12 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda...")
     parser.add_argument("--repeats", type=int, default=3, help="repetitions; medians are reported")
     parser.add_argument("--decode-tokens", type=int, default=32, help="decode steps timed per run")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        help="torch intra-op threads (default: torch's choice); 1 avoids thread spin-waits "
-        "when other processes share the cores",
-    )
+    # --threads is a common option of every ragsnap command (ragsnap.cli)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -233,7 +229,8 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise ConfigError("--threads must be at least 1", field="threads")
         torch.set_num_threads(args.threads)
-    engine = RagSnapEngine.load(args.model, device=args.device)
+    with loading_model(args.model, args.device):
+        engine = RagSnapEngine.load(args.model, device=args.device)
     longest = max(contexts)
     if longest + args.decode_tokens > engine.loaded.context_length:
         raise ConfigError(

@@ -16,6 +16,7 @@ from ragsnap.cli.options import (
     open_store_from_args,
     press_from_args,
 )
+from ragsnap.cli.progress import loading_model
 from ragsnap.errors import InputError
 
 if TYPE_CHECKING:
@@ -60,9 +61,10 @@ def run(args: argparse.Namespace) -> int:
     documents = gather_documents(args)
     options = AnswerOptions(press=press_from_args(args), generation=generation_from_args(args))
     store = open_store_from_args(args)
-    engine = RagSnapEngine.load(
-        args.model, device=args.device, store=store, prefix_cache=args.prefix_cache
-    )
+    with loading_model(args.model, args.device):
+        engine = RagSnapEngine.load(
+            args.model, device=args.device, store=store, prefix_cache=args.prefix_cache
+        )
     done: DoneEvent | None = None
     for event in engine.stream(args.question, documents, options, namespace=args.namespace):
         if isinstance(event, MetaEvent) and not args.json:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ragsnap.cli.options import add_model_options
+from ragsnap.cli.progress import loading_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     )
     request.validate()
     previous = LayerProfile.load(args.out) if args.out.exists() else None
-    engine = RagSnapEngine.load(args.model, device=args.device)
+    with loading_model(args.model, args.device):
+        engine = RagSnapEngine.load(args.model, device=args.device)
     items = load_request_items(engine, request).items[args.skip : args.skip + args.limit]
     profile = calibrate_layers(
         engine,

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ragsnap.cli.options import add_model_options
+from ragsnap.cli.progress import loading_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
     documents = load_documents(args.docs)
     presses = [make_press(name.strip(), budget=args.budget) for name in args.press.split(",")]
-    engine = RagSnapEngine.load(args.model, device=args.device)
+    with loading_model(args.model, args.device):
+        engine = RagSnapEngine.load(args.model, device=args.device)
     positions, diagnoses = diagnose(engine, args.question, documents, args.answer, presses)
     plot_retention(diagnoses, args.answer, args.out)
     print(

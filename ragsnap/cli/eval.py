@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ragsnap.cli.options import add_model_options
+from ragsnap.cli.progress import loading_model
 
 
 def _ints(text: str) -> list[int]:
@@ -127,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     request.validate()  # bad input fails before the model loads
-    engine = RagSnapEngine.load(args.model, device=args.device)
+    with loading_model(args.model, args.device):
+        engine = RagSnapEngine.load(args.model, device=args.device)
     result = evaluate(engine, request)
     print(
         f"evaluated {result.evaluated} items ({result.resumed} already done, "

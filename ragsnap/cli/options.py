@@ -33,9 +33,11 @@ def add_press_options(parser: argparse.ArgumentParser) -> None:
     )
     size.add_argument("--ratio", type=float, help="share of the prompt kept per KV head, in (0, 1]")
     group.add_argument(
-        "--window", type=int, help="observation window: last prompt tokens that vote, always kept"
+        "--window",
+        type=int,
+        help="observation window: last prompt tokens that vote, always kept (default 32)",
     )
-    group.add_argument("--kernel", type=int, help="pooling kernel (odd)")
+    group.add_argument("--kernel", type=int, help="pooling kernel, odd (default 7)")
     group.add_argument(
         "--pooling", choices=("max", "avg"), help="pooling of the votes along positions"
     )
@@ -48,10 +50,10 @@ def add_press_options(parser: argparse.ArgumentParser) -> None:
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("generation")
-    group.add_argument("--max-new-tokens", type=int, default=128)
+    group.add_argument("--max-new-tokens", type=int, default=128, help="longest answer, in tokens")
     group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    group.add_argument("--top-p", type=float, default=1.0)
-    group.add_argument("--seed", type=int)
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    group.add_argument("--seed", type=int, help="sampling seed (reproducible answers)")
 
 
 def press_from_args(args: argparse.Namespace) -> Press:

@@ -10,6 +10,8 @@ import argparse
 import logging
 import sys
 
+from ragsnap.cli.progress import loading_model
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -80,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     logging.getLogger("ragsnap").setLevel(logging.INFO)  # the one-line-per-request access log
-    print(f"ragsnap: loading {settings.model} ...", file=sys.stderr, flush=True)
-    engine = load_engine(settings)  # fails here, with one clear line, before binding the port
+    with loading_model(settings.model, settings.device):
+        engine = load_engine(settings)  # fails here, with one clear line, before binding
     app = create_app(settings, engine=engine)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.auth_enabled else "no API key"
     print(

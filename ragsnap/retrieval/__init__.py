@@ -1,1 +1,2 @@
-"""Getting documents into the prompt: prompt assembly and retrievers."""
+"""Finding documents: BM25 over a corpus folder (the LangChain retriever lives in
+``ragsnap.integrations.langchain``)."""

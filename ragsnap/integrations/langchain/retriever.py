@@ -15,7 +15,7 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import Document as LCDocument
 from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, Field
+from pydantic import AliasChoices, ConfigDict, Field
 
 from ragsnap.documents import Document
 from ragsnap.errors import InputError
@@ -72,31 +72,48 @@ def from_langchain_documents(
 class RagSnapRetriever(BaseRetriever):
     """BM25 over a corpus folder (``.txt``/``.md``/``.jsonl``), as a LangChain retriever.
 
-    Returns up to ``top_k`` passages with ``id`` (``<file>#<n>``), ``metadata["title"]``,
-    ``["source"]``, ``["chunk"]`` and ``["score"]``.
+    Returns up to ``k`` passages (set at construction, or per call:
+    ``retriever.invoke(query, k=2)``) with ``id`` (``<file>#<n>``), ``metadata["title"]``,
+    ``["source"]``, ``["chunk"]`` and ``["score"]``. ``top_k`` is accepted for ``k``.
 
-    >>> retriever = RagSnapRetriever.from_directory("docs/", top_k=3)  # doctest: +SKIP
+    >>> retriever = RagSnapRetriever.from_directory("docs/", k=3)  # doctest: +SKIP
     >>> retriever.invoke("what causes tides?")  # doctest: +SKIP
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
 
     index: BM25Index
-    top_k: int = Field(default=4, ge=1)
+    k: int = Field(default=4, ge=1, validation_alias=AliasChoices("k", "top_k"))
 
     @classmethod
     def from_directory(
-        cls, root: str | Path, top_k: int = 4, max_words: int = DEFAULT_MAX_WORDS
+        cls,
+        root: str | Path,
+        k: int = 4,
+        max_words: int = DEFAULT_MAX_WORDS,
+        *,
+        top_k: int | None = None,
     ) -> RagSnapRetriever:
-        return cls(index=BM25Index.from_directory(root, max_words), top_k=top_k)
+        """Index the ``.txt``/``.md``/``.jsonl`` files under ``root`` (``top_k``: old name of ``k``)."""
+        return cls(index=BM25Index.from_directory(root, max_words), k=top_k or k)
+
+    def _search(self, query: str, k: int | None) -> list[LCDocument]:
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise InputError("k must be a positive integer", field="k")
+        found = self.index.retrieve(query, k if k is not None else self.k)
+        return [to_langchain_document(d) for d in found]
 
     def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int | None = None
     ) -> list[LCDocument]:
-        return [to_langchain_document(d) for d in self.index.retrieve(query, self.top_k)]
+        return self._search(query, k)
 
     async def _aget_relevant_documents(
-        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        k: int | None = None,
     ) -> list[LCDocument]:
         # BM25 over an in-memory index takes milliseconds: no thread hop needed
-        return [to_langchain_document(d) for d in self.index.retrieve(query, self.top_k)]
+        return self._search(query, k)

@@ -1,4 +1,5 @@
-"""A small runnable: question -> any LangChain retriever -> ragsnap answer with cited Documents."""
+"""RAG helpers: ``format_docs`` for LCEL chains, and a small runnable (question -> any
+LangChain retriever -> ragsnap answer with the cited Documents)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,19 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 
-from ragsnap.retrieval.langchain_chat import ChatRagSnap
-from ragsnap.retrieval.langchain_retriever import from_langchain_documents
+from ragsnap.conversation import format_docs as format_ragsnap_docs
+from ragsnap.integrations.langchain.chat import ChatRagSnap
+from ragsnap.integrations.langchain.retriever import from_langchain_documents
+
+
+def format_docs(documents: Sequence[LCDocument]) -> str:
+    """Retrieved documents as context text for a prompt template, in the layout
+    ``ChatRagSnap`` reads back into documents with their ids and titles (``[id] title``,
+    then the text; documents separated by ``---`` lines).
+
+    >>> chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat  # doctest: +SKIP
+    """
+    return format_ragsnap_docs(from_langchain_documents(documents))
 
 
 def cited_documents(

@@ -1,0 +1,1 @@
+"""Adapters to the frameworks ragsnap users arrive from (LangChain)."""

@@ -1,0 +1,100 @@
+"""Options every ``ragsnap`` command shares: --version, --threads, -v anywhere, defaults in help."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ragsnap.cli import build_parser, main
+from ragsnap.cli.progress import configure_threads, default_threads
+from ragsnap.engine import RagSnapEngine
+
+COMMANDS = [
+    ["ask"],
+    ["serve"],
+    ["eval"],
+    ["calibrate"],
+    ["diagnose"],
+    ["cache", "stats"],
+    ["cache", "clear"],
+    ["bench", "decode"],
+    ["bench", "cache"],
+    ["bench", "load"],
+]
+
+
+def help_text(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "--help"])
+    assert info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("ragsnap ") and out.split()[1][0].isdigit()
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
+def test_every_command_takes_threads_and_verbose_and_shows_defaults(capsys, argv):
+    text = help_text(capsys, argv)
+    assert "--threads THREADS" in text and "-v, --verbose" in text
+    assert "(default:" in text or argv[0] == "bench"
+
+
+def test_help_shows_the_defaults(capsys):
+    text = " ".join(help_text(capsys, ["ask"]).split())
+    assert "(default: ragsnap)" in text and "(default: 128)" in text
+    assert "(default: None)" not in text
+
+
+def test_verbose_and_threads_work_before_or_after_the_subcommand():
+    parser = build_parser()
+    before = parser.parse_args(["-v", "--threads", "3", "cache", "stats"])
+    after = parser.parse_args(["cache", "stats", "-v", "--threads", "3"])
+    neither = parser.parse_args(["cache", "stats"])
+    assert before.verbose is True and after.verbose is True
+    assert before.threads == after.threads == 3
+    assert not hasattr(neither, "verbose") and not hasattr(neither, "threads")
+
+
+def test_thread_defaults_do_not_oversubscribe(monkeypatch):
+    assert [default_threads(n) for n in (1, 2, 3, 4, 16)] == [1, 1, 1, 2, 8]
+    previous = torch.get_num_threads()
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # restored after the test
+        monkeypatch.setenv(name, "1")
+    try:
+        assert configure_threads(2) == 2 and torch.get_num_threads() == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert configure_threads(None) == 3 and torch.get_num_threads() == 3
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert configure_threads(None) == default_threads()
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_zero_threads_is_one_clear_line(capsys, tmp_path):
+    code = main(["cache", "stats", "--threads", "0", "--cache", f"file://{tmp_path}"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == "ragsnap: error: --threads must be at least 1, got 0"
+
+
+@pytest.mark.model
+def test_diagnose_runs_with_the_default_presses(engine, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+    doc = tmp_path / "essay.txt"
+    filler = "The committee met again to discuss the budget of the village library. " * 30
+    doc.write_text(filler + "The special magic number for amber-fox is 4815162. " + filler)
+    out = tmp_path / "span.png"
+    argv = ["diagnose", "-q", "What is the special magic number for amber-fox?", "--docs"]
+    code = main([*argv, str(doc), "--answer", "4815162", "--budget", "128", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert [p["press"] for p in report["presses"]] == ["snapkv", "wordspan", "attnmatch", "ragsnap"]
+    assert out.read_bytes()[:4] == b"\x89PNG"
