@@ -66,7 +66,7 @@ def _inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> li
                 code="invalid_value",
             )
         seen.add(doc_id)
-        out.append(Document(id=doc_id, text=doc.text, title=doc.title))
+        out.append(Document(id=doc_id, text=doc.text, title=doc.title, format=doc.format))
     if total > settings.max_total_bytes:
         raise ApiError(
             413,

@@ -23,6 +23,7 @@ from ragsnap.generation import GenerationConfig, TokenSampler, stop_token_ids
 from ragsnap.kv import cache_nbytes, derive_cache
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
 from ragsnap.prompt import PromptLayout, assemble_prompt
+from ragsnap.structure import prompt_roles
 
 logger = logging.getLogger(__name__)
 
@@ -197,14 +198,16 @@ class RagSnapEngine:
         *,
         cache: Any | None = None,
         start: int = 0,
+        roles: torch.Tensor | None = None,
     ) -> PrefillResult:
         """Prefill ``input_ids[start:]`` (on top of ``cache`` holding the first ``start``
-        positions, when given) and compress every layer with ``press`` at the end."""
+        positions, when given) and compress every layer with ``press`` at the end.
+        ``roles`` (``[L]``, :func:`ragsnap.structure.prompt_roles`) feeds role-aware presses."""
         cache = self.new_cache() if cache is None else cache
         _sync(self.device)
         started = time.perf_counter()
         starts = word_starts(self.tokenizer, input_ids)
-        with compression_hooks(self.model, press, word_starts=starts) as recorder:
+        with compression_hooks(self.model, press, word_starts=starts, roles=roles) as recorder:
             recorder.armed = True
             logits = self.forward(input_ids[start:], cache, start)
         _sync(self.device)
@@ -224,7 +227,10 @@ class RagSnapEngine:
         )
 
     def prefill_many(
-        self, input_ids: Sequence[int], presses: Sequence[Press]
+        self,
+        input_ids: Sequence[int],
+        presses: Sequence[Press],
+        roles: torch.Tensor | None = None,
     ) -> list[PrefillResult]:
         """One prefill, several presses: each result has its own compressed cache.
 
@@ -236,7 +242,9 @@ class RagSnapEngine:
         _sync(self.device)
         started = time.perf_counter()
         starts = word_starts(self.tokenizer, input_ids)
-        with compression_hooks(self.model, presses, apply=False, word_starts=starts) as recorder:
+        with compression_hooks(
+            self.model, presses, apply=False, word_starts=starts, roles=roles
+        ) as recorder:
             recorder.armed = True
             logits = self.forward(input_ids, cache, 0)
         _sync(self.device)
@@ -338,7 +346,8 @@ class RagSnapEngine:
     ) -> tuple[PrefillResult, CacheReport]:
         """Prefill through the KV store when there is one (hit, prefix hit or miss)."""
         if self._cached is None:
-            return self.prefill(layout.input_ids, press), CacheReport(status="off")
+            roles = prompt_roles(self.tokenizer, layout)
+            return self.prefill(layout.input_ids, press, roles=roles), CacheReport(status="off")
         return self._cached.prefill(layout, press, question, namespace)
 
     def _decode_answer(

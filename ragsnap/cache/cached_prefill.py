@@ -33,6 +33,7 @@ from ragsnap.cache.serialization import (
 from ragsnap.cache.store import EntryKey, KVStore, StoreUnavailable
 from ragsnap.compression import Press
 from ragsnap.kv import cache_nbytes
+from ragsnap.structure import prompt_roles
 
 if TYPE_CHECKING:
     from ragsnap.engine import PrefillResult, RagSnapEngine
@@ -251,8 +252,9 @@ class CachedPrefill:
         store: bool,
     ) -> PrefillResult:
         start = self.prefix_start(layout, press)
+        roles = prompt_roles(self.engine.tokenizer, layout)
         if start <= 0:
-            return self.engine.prefill(layout.input_ids, press)
+            return self.engine.prefill(layout.input_ids, press, roles=roles)
         prefix = self._load_prefix(pkey, layout, report) if store else None
         if prefix is not None:
             report.status = "prefix-hit"
@@ -275,7 +277,7 @@ class CachedPrefill:
         with torch.inference_mode():
             cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
         return self.engine.prefill(
-            layout.input_ids, press, cache=self._cache_from(cropped), start=start
+            layout.input_ids, press, cache=self._cache_from(cropped), start=start, roles=roles
         )
 
     def _prefill_prefix(self, prefix_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:

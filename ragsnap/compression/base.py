@@ -82,6 +82,8 @@ class LayerContext:
     hidden_states: torch.Tensor  # [B, q, hidden]
     position_embeddings: tuple[torch.Tensor, torch.Tensor]  # ([B, q, D], [B, q, D])
     word_starts: torch.Tensor | None = None  # [L] bool: position starts a whitespace-delimited word
+    roles: torch.Tensor | None = None  # [L] uint8 TokenRole codes (ragsnap.structure), or None
+    protected: torch.Tensor | None = None  # [L] bool: positions a press must keep (KeepInstructionPress)
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property

@@ -31,6 +31,7 @@ from ragsnap.eval.store import PredictionStore
 from ragsnap.generation import GenerationConfig
 from ragsnap.kv import derive_cache
 from ragsnap.prompt import PromptLayout, format_document
+from ragsnap.structure import prompt_roles
 
 logger = logging.getLogger(__name__)
 _NUMBER_DONE = re.compile(r"\d[^\d]")
@@ -181,7 +182,8 @@ def evaluate_item(
         item.question, item.documents, generation, answer_prefix=item.answer_prefix
     )
     length = layout.num_tokens
-    results = engine.prefill_many(layout.input_ids, [g.instance for g in grid])
+    roles = prompt_roles(engine.tokenizer, layout)
+    results = engine.prefill_many(layout.input_ids, [g.instance for g in grid], roles=roles)
     stop = answer_stopper(item, engine.tokenizer)
     first = results[0].next_logits
     snapshot = derive_cache(results[0].cache)
