@@ -16,7 +16,6 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from html.parser import HTMLParser
-from json.decoder import scanstring
 from typing import Any
 
 import torch
@@ -26,8 +25,10 @@ from ragsnap.documents import DOCUMENT_FORMATS, Document
 from ragsnap.prompt import PromptLayout, format_document
 
 logger = logging.getLogger(__name__)
+# json's own string scanner (not in the typeshed stubs): (text, after-quote) -> (value, end)
+scanstring: Callable[[str, int], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 
-K, V, D, W, O = TokenRole.KEY, TokenRole.VALUE, TokenRole.DELIM, TokenRole.WS, TokenRole.OTHER
+K, V, D, W, OT = TokenRole.KEY, TokenRole.VALUE, TokenRole.DELIM, TokenRole.WS, TokenRole.OTHER
 # a token made of several characters takes the first of these its characters have
 _PRIORITY = (TokenRole.VALUE, TokenRole.KEY, TokenRole.OTHER, TokenRole.DELIM, TokenRole.WS)
 _RANK = {role: rank for rank, role in enumerate(_PRIORITY)}
@@ -154,7 +155,7 @@ def _tag_markup(text: str, *, xml: bool) -> Roles:
     for start, end, kind in parser.spans:
         if kind == "other":
             for p in range(start, end):
-                out[p] = O
+                out[p] = OT
             continue
         raw = text[start:end]
         _ws_or(text, start, end, D, out)  # brackets, slashes, quotes, '='
@@ -191,7 +192,7 @@ def _tag_markdown_table(text: str) -> Roles:
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line))
-    out = [O] * len(text)
+    out = [OT] * len(text)
     found = False
     i = 0
     while i + 1 < len(lines):
@@ -332,7 +333,7 @@ def token_roles(
     for start, end in offsets:
         lo, hi = max(start - text_start, 0), min(end - text_start, len(text_roles))
         chars = text_roles[lo:hi] if hi > lo else []
-        roles.append(min(chars, key=_RANK.__getitem__) if chars else O)
+        roles.append(min(chars, key=_RANK.__getitem__) if chars else OT)
     return roles
 
 
