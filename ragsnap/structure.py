@@ -281,7 +281,8 @@ def _detect_csv(text: str) -> Roles:
     """CSV when nobody said so: stricter, since prose with commas sniffs as CSV too."""
     rows = [r for r in csv.reader(text.splitlines()) if r]
     cells = [c.strip() for r in rows for c in r]
-    if len(rows) < 3 or sum(" " in c for c in cells) > len(cells) / 2:
+    sentences = any(line.rstrip().endswith((".", "!", "?")) for line in text.splitlines())
+    if len(rows) < 3 or sentences or sum(" " in c for c in cells) > len(cells) / 2:
         raise ValueError("looks like prose")
     return _tag_csv(text)
 
