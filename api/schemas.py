@@ -56,6 +56,9 @@ class CompressionIn(BaseModel):
     window: int | None = Field(default=None, ge=1, le=4096)
     kernel: int | None = Field(default=None, ge=1, le=257)
     pooling: Literal["max", "avg"] | None = None
+    keep_instruction: bool | None = Field(
+        default=None, description="always keep the system instruction's tokens"
+    )
 
     @model_validator(mode="after")
     def _one_size(self) -> CompressionIn:

@@ -264,7 +264,7 @@ def evaluate_item(
                 "meta": {
                     k: v
                     for k, v in item.metadata.items()
-                    if k in ("length", "depth", "sample", "key")
+                    if k in ("length", "depth", "sample", "key", "structure", "records")
                 },
             }
         )
