@@ -128,9 +128,11 @@ def _fit(
         )
         return layout.num_tokens, item
 
-    low, high = 1, len(pool)  # the largest n whose prompt fits
     if build(1)[0] > length:
         raise ValueError(f"one record does not fit {length} tokens")
+    low, high = 1, 2  # the largest n whose prompt fits: double until too long, then bisect
+    while high < len(pool) and build(high)[0] <= length:
+        low, high = high, min(2 * high, len(pool))
     while low < high:
         mid = (low + high + 1) // 2
         if build(mid)[0] <= length:
@@ -170,7 +172,7 @@ def build_structured(
                 item_id = f"struct-{structure}-L{length}-s{sample}"
                 digest = hashlib.sha256(f"{seed}:{item_id}".encode()).digest()
                 rng = random.Random(int.from_bytes(digest[:8], "big"))
-                pool = _records(rng, max(8, length // 8))  # more records than can ever fit
+                pool = _records(rng, max(8, length))  # each record takes at least one token
                 try:
                     item = _fit(structure, pool, rng, tokenizer, length, answer_prefix)
                 except ValueError as exc:
