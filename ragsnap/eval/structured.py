@@ -220,12 +220,19 @@ def kv_retrieval_item(
 
     lo, hi = 0, len(kept)
     if context_tokens is not None and count_tokens is not None:
-        while count_tokens(text_of(kept[lo:hi])) > context_tokens and hi - lo > 1:
-            # drop from the side farther from the asked pair
-            if asked - lo > hi - 1 - asked:
-                lo += 1
-            else:
-                hi -= 1
+        tokens = count_tokens(text_of(kept))
+        per_pair = tokens / len(kept)
+        while tokens > context_tokens and hi - lo > 1:
+            # drop about the excess at once (a few tokenizations per item, not one per pair),
+            # each pair from the side farther from the asked one
+            for _ in range(max(1, int((tokens - context_tokens) / per_pair))):
+                if hi - lo <= 1:
+                    break
+                if asked - lo > hi - 1 - asked:
+                    lo += 1
+                else:
+                    hi -= 1
+            tokens = count_tokens(text_of(kept[lo:hi]))
     text = text_of(kept[lo:hi])
     offset = text.index(f'"{key}": "{value}"') + len(f'"{key}": "')
     return EvalItem(
