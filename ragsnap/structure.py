@@ -321,7 +321,7 @@ def character_roles(text: str, fmt: str | None = None) -> tuple[str, Roles] | No
         tagger = _detect_csv if name == "csv" and not fmt else _TAGGERS[name]
         try:
             return name, tagger(text)
-        except (ValueError, ET.ParseError, csv.Error, IndexError, KeyError) as exc:
+        except (ValueError, ET.ParseError, csv.Error, IndexError, KeyError, RecursionError) as exc:
             logger.debug("not %s: %s", name, exc)
     return None
 

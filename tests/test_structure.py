@@ -125,6 +125,7 @@ def test_detection_picks_the_format_and_respects_a_declaration() -> None:
     assert character_roles("intro\n\n| a | b |\n|---|---|\n| 1 | 2 |")[0] == "markdown"  # type: ignore[index]
     assert character_roles("a;b\n1;2\n3;4")[0] == "csv"  # type: ignore[index]
     assert character_roles("a,b\n1,2", "json") is None  # declared JSON that is not JSON
+    assert character_roles("[" * 100_000 + "]" * 100_000) is None  # past json's recursion limit
     fmt, roles = character_roles("intro\n\n| a |\n|---|\n| 1 |")  # type: ignore[misc]
     assert roles[:5] == [TokenRole.OTHER] * 5  # prose around a table stays OTHER
 
