@@ -27,6 +27,8 @@ SETTINGS = {
     "roles-k0.00": {"key_share": 0.0},
     "roles-k0.20": {"key_share": 0.20},
     "roles-v0.50": {"value_share": 0.50, "delim_share": 0.30, "key_share": 0.10},
+    "roles-reach8": {"reach_back": 8},
+    "roles-reach16": {"reach_back": 16},
 }
 
 

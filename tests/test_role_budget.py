@@ -9,7 +9,7 @@ import torch
 
 from ragsnap.compression import Press, compression_hooks, make_press
 from ragsnap.compression.base import CompressedLayer, LayerContext, keep_all
-from ragsnap.compression.role_budget import ROLES, allocate_quotas
+from ragsnap.compression.role_budget import ROLES, allocate_quotas, reach_back
 from ragsnap.compression.roles import TokenRole
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.errors import ConfigError
@@ -131,3 +131,28 @@ def test_role_shares_are_validated() -> None:
                    key_share=0)  # fmt: skip
     config = make_press("roles", budget=64, key_share=0.2).config()
     assert config["press"] == "roles" and config["key_share"] == 0.2
+
+
+def test_reach_back_ranks_a_token_by_the_best_score_just_before_it() -> None:
+    scores = torch.tensor([[[0.1, 0.9, 0.2, 0.3, 0.0, 0.5, 0.1]]])
+    assert torch.equal(reach_back(scores, 0), scores)
+    expected = torch.tensor([[[0.1, 0.9, 0.9, 0.9, 0.3, 0.5, 0.5]]])
+    assert torch.equal(reach_back(scores, 2), expected)
+
+
+def test_reach_back_keeps_the_budget_and_the_shares_and_reaches_values_after_keys() -> None:
+    roles = _roles([V, V, V, D, OT, W, K])
+    press = make_press("roles", budget=BUDGET, window=WINDOW, key_share=0.0, reach_back=6)
+    plain = make_press("roles", budget=BUDGET, window=WINDOW, key_share=0.0)
+    results, _ = _run(press, roles)
+    baseline, _ = _run(plain, roles)
+    changed = 0
+    for layer, other in zip(results, baseline, strict=True):
+        assert layer.indices.shape[-1] == BUDGET
+        for kept in layer.indices[0]:
+            counts = Counter(int(roles[p]) for p in kept.tolist()[:-WINDOW])
+            assert [counts.get(r, 0) for r in (V, D, OT, W, K)] == [22, 6, 2, 2, 0]
+        changed += int(not torch.equal(layer.indices, other.indices))
+    assert changed > 0  # the ranking inside roles did change
+    with pytest.raises(ConfigError):
+        make_press("roles", budget=64, reach_back=-1)

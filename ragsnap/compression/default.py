@@ -103,6 +103,7 @@ def ragsnap_roles_press(
     other_share: float = 0.05,
     ws_share: float = 0.05,
     key_share: float = 0.10,
+    reach_back: int = 0,
 ) -> RagSnapRolesPress:
     """The default press, with each token role's share of every layer's budget.
 
@@ -120,5 +121,6 @@ def ragsnap_roles_press(
         other_share=other_share,
         ws_share=ws_share,
         key_share=key_share,
+        reach_back=reach_back,
     )
     return RagSnapRolesPress(base=roles, ridge=ridge, mass_iterations=mass_iterations)

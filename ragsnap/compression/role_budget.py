@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from ragsnap.compression.base import (
     CompressedLayer,
@@ -58,6 +59,19 @@ def _water_fill(caps: list[int], weights: list[float], slots: int) -> tuple[list
     return quota, remaining
 
 
+def reach_back(scores: torch.Tensor, reach: int) -> torch.Tensor:
+    """Each position's best score over itself and the ``reach`` positions before it.
+
+    ``scores`` is ``[B, H, n]``. A value follows its key (``"key": value``, ``| key | value``,
+    ``<item key="k"><value>v``), often beyond pooling's ``kernel // 2``; looking back lets a
+    value rank by the score of its key.
+    """
+    if reach <= 0:
+        return scores
+    flat = F.pad(scores.flatten(0, 1).unsqueeze(1), (reach, 0), value=float("-inf"))
+    return F.max_pool1d(flat, kernel_size=reach + 1, stride=1).view_as(scores)
+
+
 def allocate_quotas(counts: Sequence[int], shares: Sequence[float], slots: int) -> list[int]:
     """Slots per role: ``shares`` of ``slots``, capped by ``counts`` (tokens of each role).
 
@@ -81,7 +95,9 @@ class RoleBudgetPress(Press):
     ``base`` scores the prefix (SnapKV's windowed, max-pooled votes by default; a
     :class:`SpanCompletionPress` adds word completion, and entries kept only through it
     are marked ``exact``); shares are normalized by their sum (defaults VALUE 0.70, DELIM
-    0.20, OTHER 0.05, WS 0.05, KEY 0.10: keys 0-0.2 per the source material). The budget
+    0.20, OTHER 0.05, WS 0.05, KEY 0.10: keys 0-0.2 per the source material).
+    ``reach_back > 0`` ranks every token by the best score of itself and the ``reach_back``
+    tokens before it (:func:`reach_back`; 0, the default, is the plain ranking). The budget
     is kept exactly and the window always. A prompt without KEY, VALUE or DELIM tokens (or
     without roles) is compressed by ``base`` alone, exactly as without this press.
     """
@@ -93,8 +109,11 @@ class RoleBudgetPress(Press):
     other_share: float = 0.05
     ws_share: float = 0.05
     key_share: float = 0.10
+    reach_back: int = 0
 
     def __post_init__(self) -> None:
+        if self.reach_back < 0:
+            raise ConfigError("reach_back must be >= 0", field="reach_back")
         for role, share in zip(ROLES, self.shares, strict=True):
             if not 0.0 <= share <= 1.0:
                 raise ConfigError(
@@ -122,14 +141,15 @@ class RoleBudgetPress(Press):
 
     def config(self) -> dict[str, Any]:
         shares = {f"{r.name.lower()}_share": s for r, s in zip(ROLES, self.shares, strict=True)}
-        return {**self.base.config(), "press": self.name, **shares}
+        return {**self.base.config(), "press": self.name, **shares, "reach_back": self.reach_back}
 
     def _scores(self, layer: LayerContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Own and ranking scores, ``[B, Hkv, L - w]`` each (they differ under word completion)."""
         if isinstance(self.base, SpanCompletionPress):
-            return self.base.completed_scores(layer)
-        scores = self.base.score(layer)
-        return scores, scores
+            raw, ranked = self.base.completed_scores(layer)
+        else:
+            raw = ranked = self.base.score(layer)
+        return raw, reach_back(ranked, self.reach_back)
 
     def compress(self, layer: LayerContext) -> CompressedLayer:
         keep = self.base.layer_budget(layer)
@@ -185,6 +205,7 @@ def roles_press(
     other_share: float = 0.05,
     ws_share: float = 0.05,
     key_share: float = 0.10,
+    reach_back: int = 0,
 ) -> RoleBudgetPress:
     """Role-conditioned budgets over SnapKV's scores."""
     snap = SnapKVPress(
@@ -201,4 +222,5 @@ def roles_press(
         other_share=other_share,
         ws_share=ws_share,
         key_share=key_share,
+        reach_back=reach_back,
     )
