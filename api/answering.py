@@ -67,7 +67,7 @@ def inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> lis
                 code="invalid_value",
             )
         seen.add(doc_id)
-        out.append(Document(id=doc_id, text=doc.text, title=doc.title))
+        out.append(Document(id=doc_id, text=doc.text, title=doc.title, format=doc.format))
     if total > settings.max_total_bytes:
         raise ApiError(
             413,

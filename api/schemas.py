@@ -21,6 +21,10 @@ class DocumentIn(BaseModel):
     id: str | int | None = Field(default=None, description="stable id, echoed in citations")
     title: str = Field(default="", max_length=_MAX_TITLE)
     text: str = Field(min_length=1, max_length=_MAX_TEXT)
+    format: Literal["json", "jsonl", "xml", "html", "markdown", "csv", "text"] | None = Field(
+        default=None,
+        description="how the text is structured (role-conditioned presses); omitted: detected",
+    )
 
     @field_validator("id")
     @classmethod
@@ -52,6 +56,9 @@ class CompressionIn(BaseModel):
     window: int | None = Field(default=None, ge=1, le=4096)
     kernel: int | None = Field(default=None, ge=1, le=257)
     pooling: Literal["max", "avg"] | None = None
+    keep_instruction: bool | None = Field(
+        default=None, description="always keep the system instruction's tokens"
+    )
 
     @model_validator(mode="after")
     def _one_size(self) -> CompressionIn:

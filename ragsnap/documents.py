@@ -12,21 +12,38 @@ from typing import Any
 from ragsnap.errors import InputError
 
 TEXT_SUFFIXES = (".txt", ".md")
+# declared document formats (see ragsnap.structure); "text" is prose, None detects the format
+DOCUMENT_FORMATS = ("json", "jsonl", "xml", "html", "markdown", "csv", "text")
 
 
 @dataclass(frozen=True)
 class Document:
-    """One retrieved document. ``id`` is stable and unique within a request."""
+    """One retrieved document. ``id`` is stable and unique within a request.
+
+    ``format`` declares how the text is structured (one of :data:`DOCUMENT_FORMATS`);
+    None lets :mod:`ragsnap.structure` detect it.
+    """
 
     id: str
     text: str
     title: str = ""
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    format: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.format is not None and self.format not in DOCUMENT_FORMATS:
+            raise InputError(
+                f"unknown document format {self.format!r} "
+                f"(choose from: {', '.join(DOCUMENT_FORMATS)})",
+                field="format",
+            )
 
     @property
     def content_hash(self) -> str:
-        """sha256 of title and text: what the cache key depends on (not the id)."""
-        payload = json.dumps([self.title, self.text], ensure_ascii=False)
+        """sha256 of title and text (and the declared format, when there is one): what
+        the cache key depends on (not the id)."""
+        parts = [self.title, self.text] + ([self.format] if self.format is not None else [])
+        payload = json.dumps(parts, ensure_ascii=False)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -40,13 +57,18 @@ def _document_from_record(record: Any, where: str, default_id: str) -> Document:
     title = record.get("title", "")
     if not isinstance(doc_id, (str, int)) or not isinstance(title, str):
         raise InputError(f"{where}: 'id' must be a string or number and 'title' a string")
-    metadata = {k: v for k, v in record.items() if k not in {"id", "title", "text"}}
-    return Document(id=str(doc_id), text=text, title=title, metadata=metadata)
+    fmt = record.get("format")
+    if fmt is not None and fmt not in DOCUMENT_FORMATS:
+        raise InputError(
+            f"{where}: 'format' must be one of {', '.join(DOCUMENT_FORMATS)}, got {fmt!r}"
+        )
+    metadata = {k: v for k, v in record.items() if k not in {"id", "title", "text", "format"}}
+    return Document(id=str(doc_id), text=text, title=title, metadata=metadata, format=fmt)
 
 
 def load_documents(paths: Iterable[str | Path]) -> list[Document]:
     """Read documents from ``.txt``/``.md`` files (one each, titled by file name) and
-    ``.jsonl`` files (``{"id", "title", "text"}`` per line), in the order given.
+    ``.jsonl`` files (``{"id", "title", "text", "format"?}`` per line), in the order given.
 
     Raises :class:`InputError` naming the file (and line) that could not be used.
     """

@@ -24,6 +24,7 @@ from ragsnap.runtime.decode import DecodeRow
 from ragsnap.runtime.model_runtime import ModelRuntime
 from ragsnap.runtime.prefill import PrefillResult
 from ragsnap.stats import AnswerStats
+from ragsnap.structure import prompt_roles
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +169,10 @@ class RagSnapEngine:
         started = time.perf_counter()
         layout = self.build_prompt(question, documents, options.generation, chat=options.chat)
         if self.tiers is None:
-            prefill = self.runtime.prefill(layout.input_ids, options.press, on_chunk=on_chunk)
+            roles = prompt_roles(self.tokenizer, layout)
+            prefill = self.runtime.prefill(
+                layout.input_ids, options.press, on_chunk=on_chunk, roles=roles
+            )
             report = CacheReport(status="off")
         else:
             prefill, report = self.tiers.prefill(

@@ -35,6 +35,7 @@ from ragsnap.compression import Press
 from ragsnap.models import LoadedModel
 from ragsnap.runtime.kv import cache_nbytes
 from ragsnap.runtime.prefill import PrefillResult, window_floor
+from ragsnap.structure import prompt_roles
 
 if TYPE_CHECKING:
     from ragsnap.prompt import PromptLayout
@@ -69,6 +70,7 @@ class PrefillRunner(Protocol):
         cache: Any | None = None,
         start: int = 0,
         on_chunk: Callable[[], None] | None = None,
+        roles: torch.Tensor | None = None,
     ) -> PrefillResult: ...
 
     def prefill_full(
@@ -255,8 +257,9 @@ class CachedPrefill:
         on_chunk: Callable[[], None] | None,
     ) -> PrefillResult:
         start = self.prefix_start(layout, press)
+        roles = prompt_roles(self.loaded.tokenizer, layout)
         if start <= 0:
-            return self.runner.prefill(layout.input_ids, press, on_chunk=on_chunk)
+            return self.runner.prefill(layout.input_ids, press, on_chunk=on_chunk, roles=roles)
         prefix_s, prefix_tokens = 0.0, 0  # the document-prefix pass, when this request runs it
         prefix = self._load_prefix(pkey, layout, report) if store else None
         if prefix is not None:
@@ -287,6 +290,7 @@ class CachedPrefill:
             cache=self.runner.cache_from(cropped),
             start=start,
             on_chunk=on_chunk,
+            roles=roles,
         )
         result.prefill_s += prefix_s  # the figures cover both passes of a miss
         result.processed_tokens += prefix_tokens

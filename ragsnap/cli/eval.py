@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=("bioasq", "jsonl", "hotpotqa", "niah"),
+        choices=("bioasq", "jsonl", "hotpotqa", "niah", "structured", "kvretrieval"),
         help="data format (guessed from --data when omitted)",
     )
     parser.add_argument(
@@ -78,6 +78,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     group.add_argument(
         "--types", type=_names, help="keep only these item types, e.g. factoid or yesno,list"
+    )
+    group = parser.add_argument_group("structured lookups (--format structured)")
+    group.add_argument(
+        "--structures",
+        type=_names,
+        help="nested-json,compact-json,xml,table (default: all); sized by --lengths, "
+        "--samples items each",
     )
     group = parser.add_argument_group("needle in a haystack (--format niah)")
     group.add_argument("--haystack", type=Path, help="folder of .txt filler files")
@@ -123,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         depths=args.depths,
         samples=args.samples,
         needles=args.needles,
+        structures=args.structures,
         answer_prefix=not args.no_answer_prefix,
         plots=not args.no_plots,
         progress=not args.no_progress,

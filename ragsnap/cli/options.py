@@ -46,6 +46,11 @@ def add_press_options(parser: argparse.ArgumentParser) -> None:
         help="ragsnap / layerbudget: 'auto' (packaged profile), 'uniform', or a profile JSON "
         "from 'ragsnap calibrate'",
     )
+    group.add_argument(
+        "--keep-instruction",
+        action="store_true",
+        help="always keep the system instruction's tokens, whatever the press",
+    )
 
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +69,7 @@ def press_from_args(args: argparse.Namespace) -> Press:
         "kernel": args.kernel,
         "pooling": args.pooling,
         "profile": args.layer_profile,
+        "keep_instruction": getattr(args, "keep_instruction", False) or None,
     }
     if args.press == "full":
         return make_press("full")

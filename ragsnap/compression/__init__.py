@@ -8,15 +8,24 @@ from typing import Any
 
 from ragsnap.compression.attention_matching import AttentionMatchingPress
 from ragsnap.compression.base import CompressedLayer, LayerContext, Press, ScorerPress
-from ragsnap.compression.default import attnmatch_press, ragsnap_press, wordspan_press
+from ragsnap.compression.default import (
+    attnmatch_press,
+    ragsnap_press,
+    ragsnap_roles_press,
+    wordspan_press,
+)
 from ragsnap.compression.full import FullPress
 from ragsnap.compression.h2o import H2OPress
 from ragsnap.compression.hooks import compression_hooks
+from ragsnap.compression.keep_instruction import KeepInstructionPress
+from ragsnap.compression.knorm import KeyNormPress
 from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
 from ragsnap.compression.pyramidkv import PyramidKVPress
 from ragsnap.compression.random_press import RandomPress
+from ragsnap.compression.role_budget import RoleBudgetPress, roles_press
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.compression.streamingllm import StreamingLLMPress
+from ragsnap.compression.tova import TOVAPress
 from ragsnap.errors import ConfigError
 
 # name -> factory taking the press's options as keywords
@@ -32,10 +41,14 @@ PRESSES: dict[str, Callable[..., Press]] = {
             RandomPress,
             PyramidKVPress,
             LayerBudgetSnapKVPress,
+            TOVAPress,
+            KeyNormPress,
         )
     },
     "wordspan": wordspan_press,
     "attnmatch": attnmatch_press,
+    "roles": roles_press,
+    "ragsnap-roles": ragsnap_roles_press,
 }
 DEFAULT_PRESS = "ragsnap"
 
@@ -43,8 +56,12 @@ DEFAULT_PRESS = "ragsnap"
 def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
     """Build a press by name; options that are None are left at the press's default.
 
-    Raises :class:`ConfigError` for an unknown press or an option the press does not take.
+    ``keep_instruction=True`` wraps the press in :class:`KeepInstructionPress` (the system
+    instruction is kept whatever the press). Raises :class:`ConfigError` for an unknown
+    press or an option the press does not take.
     """
+    if options.pop("keep_instruction", None):
+        return KeepInstructionPress(base=make_press(name, **options))
     cls = PRESSES.get(name)
     if cls is None:
         raise ConfigError(
@@ -67,9 +84,13 @@ __all__ = [
     "AttentionMatchingPress",
     "DEFAULT_PRESS",
     "CompressedLayer",
+    "KeepInstructionPress",
+    "KeyNormPress",
     "LayerContext",
     "Press",
+    "RoleBudgetPress",
     "ScorerPress",
+    "TOVAPress",
     "compression_hooks",
     "make_press",
 ]

@@ -82,6 +82,10 @@ class LayerContext:
     hidden_states: torch.Tensor  # [B, q, hidden]
     position_embeddings: tuple[torch.Tensor, torch.Tensor]  # ([B, q, D], [B, q, D])
     word_starts: torch.Tensor | None = None  # [L] bool: position starts a whitespace-delimited word
+    roles: torch.Tensor | None = None  # [L] uint8 TokenRole codes (ragsnap.structure), or None
+    protected: torch.Tensor | None = (
+        None  # [L] bool: positions a press must keep (KeepInstructionPress)
+    )
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -224,14 +228,24 @@ def keep_all(layer: LayerContext) -> CompressedLayer:
     return CompressedLayer.gather(layer.keys, layer.values, indices)
 
 
+def protect(layer: LayerContext, scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` (``[B, Hkv, n]``, prefix positions) with ``layer.protected`` ones raised to +inf."""
+    if layer.protected is None:
+        return scores
+    mask = layer.protected[: scores.shape[-1]].to(scores.device)
+    return scores.masked_fill(mask, float("inf"))
+
+
 def keep_top(layer: LayerContext, scores: torch.Tensor, keep: int, window: int) -> CompressedLayer:
     """Keep the ``keep - window`` best-scoring prefix positions per head plus the last ``window``.
 
     ``scores`` is ``[B, Hkv, L - window]``; kept indices come back in positional order.
+    Positions in ``layer.protected`` come first (the instruction kept whatever the press).
     """
     seq_len = layer.seq_len
     batch, heads = layer.keys.shape[:2]
     window = min(window, seq_len)
+    scores = protect(layer, scores)
     top = scores.topk(keep - window, dim=-1).indices
     recent = torch.arange(seq_len - window, seq_len, device=layer.keys.device)
     indices = torch.cat([top, recent.expand(batch, heads, -1)], dim=-1).sort(dim=-1).values

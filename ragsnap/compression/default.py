@@ -2,7 +2,8 @@
 
 ``ragsnap`` (the default) = SnapKV scores with profiled layer budgets -> word completion
 -> Attention Matching refit. ``layerbudget``, ``wordspan`` and ``attnmatch`` are each
-piece alone, for ablations.
+piece alone, for ablations. ``ragsnap-roles`` puts role-conditioned budgets between word
+completion and the refit.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ragsnap.compression.attention_matching import (
     AttentionMatchingPress,
 )
 from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
+from ragsnap.compression.role_budget import RoleBudgetPress
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.compression.span_completion import SpanCompletionPress
 
@@ -25,6 +27,13 @@ class RagSnapPress(AttentionMatchingPress):
     """Attention Matching over word-completed, layer-budgeted SnapKV selection (see :func:`ragsnap_press`)."""
 
     name = "ragsnap"
+
+
+@dataclass
+class RagSnapRolesPress(AttentionMatchingPress):
+    """The default press with role-conditioned budgets (see :func:`ragsnap_roles_press`)."""
+
+    name = "ragsnap-roles"
 
 
 def wordspan_press(
@@ -77,3 +86,41 @@ def ragsnap_press(
     )
     spans = SpanCompletionPress(base=snap, max_word_tokens=max_word_tokens)
     return RagSnapPress(base=spans, ridge=ridge, mass_iterations=mass_iterations)
+
+
+def ragsnap_roles_press(
+    budget: int | None = 512,
+    ratio: float | None = None,
+    window: int = 32,
+    kernel: int = 7,
+    pooling: Literal["max", "avg"] = "max",
+    max_word_tokens: int = 12,
+    ridge: float = DEFAULT_RIDGE,
+    mass_iterations: int = DEFAULT_MASS_ITERATIONS,
+    profile: str = "auto",
+    value_share: float = 0.70,
+    delim_share: float = 0.20,
+    other_share: float = 0.05,
+    ws_share: float = 0.05,
+    key_share: float = 0.10,
+    reach_back: int = 0,
+) -> RagSnapRolesPress:
+    """The default press, with each token role's share of every layer's budget.
+
+    Profiled layer budgets and word-completed SnapKV scores rank the tokens inside each
+    role; Attention Matching refits what is kept. On prose this is ``ragsnap``'s selection.
+    """
+    snap = LayerBudgetSnapKVPress(
+        budget=budget, ratio=ratio, window=window, kernel=kernel, pooling=pooling, profile=profile
+    )
+    spans = SpanCompletionPress(base=snap, max_word_tokens=max_word_tokens)
+    roles = RoleBudgetPress(
+        base=spans,
+        value_share=value_share,
+        delim_share=delim_share,
+        other_share=other_share,
+        ws_share=ws_share,
+        key_share=key_share,
+        reach_back=reach_back,
+    )
+    return RagSnapRolesPress(base=roles, ridge=ridge, mass_iterations=mass_iterations)

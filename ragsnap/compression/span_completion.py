@@ -20,6 +20,7 @@ from ragsnap.compression.base import (
     ScorerPress,
     keep_all,
     keep_top,
+    protect,
 )
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.compression.words import carry_forward, segment_ids
@@ -54,16 +55,29 @@ class SpanCompletionPress(Press):
     def config(self) -> dict[str, Any]:
         return {**self.base.config(), "press": self.name, "max_word_tokens": self.max_word_tokens}
 
+    def layer_budget(self, layer: LayerContext) -> int:
+        """The base press's budget for ``layer`` (window included)."""
+        return self.base.layer_budget(layer)
+
+    def completed_scores(self, layer: LayerContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The base press's scores and the word-completed ones, each ``[B, Hkv, L - w]``
+        (the same tensor twice without word boundaries)."""
+        scores = self.base.score(layer)
+        if layer.word_starts is None:
+            return scores, scores
+        prefix = scores.shape[-1]
+        segments = segment_ids(layer.word_starts[:prefix], self.max_word_tokens)
+        return scores, carry_forward(scores, segments, self.max_word_tokens)
+
     def compress(self, layer: LayerContext) -> CompressedLayer:
         keep = self.base.layer_budget(layer)
         if layer.seq_len <= keep:
             return keep_all(layer)
-        scores = self.base.score(layer)  # [B, Hkv, L - w]
         if layer.word_starts is None or keep <= self.base.window:  # no words, or only the window
-            return keep_top(layer, scores, keep, self.base.window)
+            return keep_top(layer, self.base.score(layer), keep, self.base.window)
+        scores, completed = self.completed_scores(layer)  # [B, Hkv, L - w] each
         prefix = scores.shape[-1]
-        segments = segment_ids(layer.word_starts[:prefix], self.max_word_tokens)
-        completed = carry_forward(scores, segments, self.max_word_tokens)
+        completed = protect(layer, completed)
         kept = keep_top(layer, completed, keep, self.base.window)
         # kept through completion: own score below the k-th best, carried score at or above it
         threshold = completed.topk(keep - min(self.base.window, layer.seq_len), dim=-1).values[

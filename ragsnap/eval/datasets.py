@@ -13,7 +13,7 @@ from ragsnap.documents import Document
 from ragsnap.errors import InputError
 from ragsnap.eval.items import ITEM_TYPES, EvalItem, LoadedItems, Malformed
 
-FORMATS = ("bioasq", "jsonl", "hotpotqa", "niah")
+FORMATS = ("bioasq", "jsonl", "hotpotqa", "niah", "structured", "kvretrieval")
 
 
 def _strings(value: Any, what: str) -> list[str]:
@@ -181,8 +181,9 @@ def load_items(
     count_tokens: Callable[[str], int] | None = None,
     types: tuple[str, ...] | None = None,
 ) -> LoadedItems:
-    """Load a data set of format ``bioasq``, ``jsonl`` or ``hotpotqa`` (``niah`` items are
-    built by :func:`ragsnap.eval.niah.build_needles`)."""
+    """Load a data set of format ``bioasq``, ``jsonl``, ``hotpotqa`` or ``kvretrieval``
+    (``niah`` and ``structured`` items are built by :func:`ragsnap.eval.niah.build_needles`
+    and :func:`ragsnap.eval.structured.build_structured`)."""
     if path is None:
         raise InputError(f"--data is required for --format {fmt}", field="data")
     if fmt == "bioasq":
@@ -203,6 +204,16 @@ def load_items(
         )
     elif fmt == "hotpotqa":
         loaded = _merge([load_hotpotqa(p, seed) for p in _files(path, "*.json")])
+    elif fmt == "kvretrieval":
+        from ragsnap.eval.structured import load_kv_retrieval
+
+        files = [path] if path.is_file() else _files(path, "*.jsonl*")
+        loaded = _merge(
+            [
+                load_kv_retrieval(p, context_tokens=context_tokens, count_tokens=count_tokens)
+                for p in files
+            ]
+        )
     else:
         raise InputError(
             f"unknown format {fmt!r} (choose from: {', '.join(FORMATS)})", field="format"

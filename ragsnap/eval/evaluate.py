@@ -25,7 +25,8 @@ from ragsnap.generation import GenerationConfig
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_NEW_TOKENS = {"niah": 16}  # others: 64
+DEFAULT_MAX_NEW_TOKENS = {"niah": 16, "structured": 16, "kvretrieval": 32}  # others: 64
+GENERATED = ("niah", "structured")  # formats built from settings, not read from --data
 
 
 @dataclass
@@ -47,6 +48,7 @@ class EvalRequest:
     depths: list[float] = field(default_factory=lambda: [0, 25, 50, 75, 100])
     samples: int = 1
     needles: Path | None = None
+    structures: list[str] | None = None
     answer_prefix: bool = True
     plots: bool = True
     progress: bool = True
@@ -74,6 +76,18 @@ class EvalRequest:
                 raise InputError(f"needles file not found: {self.needles}", field="needles")
             if not self.lengths or min(self.lengths) < 1:
                 raise ConfigError("--lengths must be positive token counts", field="lengths")
+        elif fmt == "structured":
+            from ragsnap.eval.structured import STRUCTURES
+
+            if not self.lengths or min(self.lengths) < 1:
+                raise ConfigError("--lengths must be positive token counts", field="lengths")
+            unknown_structures = sorted(set(self.structures or ()) - set(STRUCTURES))
+            if unknown_structures:
+                raise ConfigError(
+                    f"unknown --structures {', '.join(unknown_structures)} "
+                    f"(choose from: {', '.join(STRUCTURES)})",
+                    field="structures",
+                )
         elif self.data is None or not self.data.exists():
             raise InputError(
                 f"--data not found: {self.data}"
@@ -101,9 +115,11 @@ class EvalRequest:
         """What the stored predictions depend on (a rerun must match these)."""
         fmt = self.resolved_format
         # needle ids name their length, depth and sample, so those may grow between runs
-        keys = ["seed", "context_tokens", "types"] if fmt != "niah" else ["seed", "answer_prefix"]
+        keys = (
+            ["seed", "answer_prefix"] if fmt in GENERATED else ["seed", "context_tokens", "types"]
+        )
         values = {k: v for k, v in asdict(self).items() if k in keys}
-        source = self.haystack if fmt == "niah" else self.data
+        source = self.haystack if fmt == "niah" else None if fmt == "structured" else self.data
         return {
             "model": model_id,
             "format": fmt,
@@ -141,6 +157,18 @@ def load_request_items(engine: Any, request: EvalRequest) -> LoadedItems:
             samples=request.samples,
             seed=request.seed,
             needles_file=request.needles,
+            answer_prefix=request.answer_prefix,
+        )
+
+    if fmt == "structured":
+        from ragsnap.eval.structured import build_structured
+
+        return build_structured(
+            tokenizer,
+            lengths=request.lengths,
+            structures=request.structures,
+            samples=request.samples,
+            seed=request.seed,
             answer_prefix=request.answer_prefix,
         )
 
@@ -188,6 +216,7 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
         "device": str(engine.device),
         "format": fmt,
         "data": str(request.haystack if fmt == "niah" else request.data),
+        **({"structures": ", ".join(request.structures)} if request.structures else {}),
         "presses": ", ".join(dict.fromkeys(g.press for g in grid)),
         "budgets": ", ".join(map(str, request.budgets)),
         "max_new_tokens": request.generation().max_new_tokens,

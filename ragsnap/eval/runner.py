@@ -28,6 +28,7 @@ from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_a
 from ragsnap.eval.store import PredictionStore
 from ragsnap.generation import GenerationConfig
 from ragsnap.prompt import PromptLayout, encode_user_text_with_offsets, format_document
+from ragsnap.structure import prompt_roles
 
 logger = logging.getLogger(__name__)
 _NUMBER_DONE = re.compile(r"\d[^\d]")
@@ -136,7 +137,8 @@ def evaluate_item(
         item.question, item.documents, generation, answer_prefix=item.answer_prefix
     )
     length = layout.num_tokens
-    results = engine.runtime.prefill_many(layout.input_ids, [g.instance for g in grid])
+    roles = prompt_roles(engine.tokenizer, layout)
+    results = engine.runtime.prefill_many(layout.input_ids, [g.instance for g in grid], roles=roles)
     stop = answer_stopper(item, engine.tokenizer)
     compressed = [
         i
@@ -221,7 +223,7 @@ def evaluate_item(
                 "meta": {
                     k: v
                     for k, v in item.metadata.items()
-                    if k in ("length", "depth", "sample", "key")
+                    if k in ("length", "depth", "sample", "key", "structure", "records")
                 },
             }
         )

@@ -53,9 +53,11 @@ class ModelRuntime:
         cache: Any | None = None,
         start: int = 0,
         on_chunk: Callable[[], None] | None = None,
+        roles: torch.Tensor | None = None,
     ) -> PrefillResult:
         """Prefill ``input_ids[start:]`` (on ``cache`` holding the first ``start``
-        positions, when given) in chunks, compressing every layer with ``press`` at the end."""
+        positions, when given) in chunks, compressing every layer with ``press`` at the end.
+        ``roles`` (``[L]``, :func:`ragsnap.structure.prompt_roles`) feeds role-aware presses."""
         return _prefill.prefill(
             self.model,
             self.cache_kwarg,
@@ -66,10 +68,14 @@ class ModelRuntime:
             chunk=self.chunk,
             on_chunk=on_chunk,
             word_starts=word_starts(self.tokenizer, input_ids),
+            roles=roles,
         )[0]
 
     def prefill_many(
-        self, input_ids: Sequence[int], presses: Sequence[Press]
+        self,
+        input_ids: Sequence[int],
+        presses: Sequence[Press],
+        roles: torch.Tensor | None = None,
     ) -> list[PrefillResult]:
         """One prefill, several presses: each result has its own compressed cache."""
         return _prefill.prefill(
@@ -79,6 +85,7 @@ class ModelRuntime:
             presses,
             cache=self.new_cache(),
             word_starts=word_starts(self.tokenizer, input_ids),
+            roles=roles,
         )
 
     def prefill_full(

@@ -17,16 +17,25 @@ from langchain_core.documents import Document as LCDocument
 from langchain_core.retrievers import BaseRetriever
 from pydantic import AliasChoices, ConfigDict, Field
 
-from ragsnap.documents import Document
+from ragsnap.documents import DOCUMENT_FORMATS, Document
 from ragsnap.errors import InputError
 from ragsnap.retrieval.bm25 import BM25Index
 from ragsnap.retrieval.corpus import DEFAULT_MAX_WORDS
 
 
 def to_langchain_document(document: Document) -> LCDocument:
-    """A ragsnap document as LangChain's: ``id`` kept, ``title`` and metadata in ``metadata``."""
+    """A ragsnap document as LangChain's: ``id`` kept, ``title``, a declared ``format`` and
+    the metadata in ``metadata``."""
     metadata = {**document.metadata, "title": document.title}
+    if document.format is not None:
+        metadata["format"] = document.format
     return LCDocument(page_content=document.text, metadata=metadata, id=document.id)
+
+
+def _declared_format(value: Any) -> str | None:
+    """A ``format`` from metadata when it names a structure ragsnap parses (a loader's
+    ``"pdf"`` or ``"html_page"`` is not a declaration: the text is then detected)."""
+    return value if isinstance(value, str) and value in DOCUMENT_FORMATS else None
 
 
 def from_langchain_documents(
@@ -47,10 +56,19 @@ def from_langchain_documents(
             metadata = dict(item.metadata or {})
             doc_id = item.id or metadata.get("id") or str(i + 1)
             title = str(metadata.get("title", ""))
-            doc = Document(id=str(doc_id), text=item.page_content, title=title, metadata=metadata)
+            doc = Document(
+                id=str(doc_id),
+                text=item.page_content,
+                title=title,
+                metadata=metadata,
+                format=_declared_format(metadata.get("format")),
+            )
         elif isinstance(item, dict) and isinstance(item.get("text"), str):
             doc = Document(
-                id=str(item.get("id") or i + 1), text=item["text"], title=str(item.get("title", ""))
+                id=str(item.get("id") or i + 1),
+                text=item["text"],
+                title=str(item.get("title", "")),
+                format=_declared_format(item.get("format")),
             )
         else:
             raise InputError(
@@ -63,7 +81,9 @@ def from_langchain_documents(
             n += 1
             unique = f"{doc.id}~{n}"
         if unique != doc.id:
-            doc = Document(id=unique, text=doc.text, title=doc.title, metadata=doc.metadata)
+            doc = Document(
+                id=unique, text=doc.text, title=doc.title, metadata=doc.metadata, format=doc.format
+            )
         seen.add(unique)
         out.append(doc)
     return out
