@@ -6,7 +6,7 @@ import json
 
 import pytest
 from pydantic import ValidationError
-from ragsnap.retrieval.langchain_retriever import from_langchain_documents, to_langchain_document
+from ragsnap.integrations.langchain.retriever import from_langchain_documents, to_langchain_document
 
 from api.answering import _inline_documents
 from api.schemas import DocumentIn
