@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 from ragsnap.integrations.langchain.retriever import from_langchain_documents, to_langchain_document
 
-from api.answering import _inline_documents
+from api.answering import inline_documents
 from api.schemas import DocumentIn
 from api.settings import Settings
 from ragsnap.compression import make_press
@@ -33,7 +33,7 @@ def test_jsonl_documents_declare_their_format(tmp_path) -> None:
 
 
 def test_api_documents_take_a_format() -> None:
-    [doc] = _inline_documents([DocumentIn(id="t", text="<a>1</a>", format="xml")], Settings())
+    [doc] = inline_documents([DocumentIn(id="t", text="<a>1</a>", format="xml")], Settings())
     assert doc.format == "xml"
     with pytest.raises(ValidationError):
         DocumentIn(text="x", format="yaml")  # type: ignore[arg-type]
