@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from api.metrics import ServiceMetrics
@@ -16,12 +17,16 @@ from ragsnap.retrieval.bm25 import BM25Index
 
 logger = logging.getLogger("ragsnap.api")
 
+_PING_EVERY_S = 1.5  # /readyz asks the store at most this often
+_PING_TIMEOUT_S = 0.5
+
 
 @dataclass
 class Services:
     engine: RagSnapEngine
     worker: EngineWorker
     index: BM25Index | None = None
+    _ping: tuple[float, bool] | None = field(default=None, repr=False)
 
     @property
     def ready(self) -> bool:
@@ -32,14 +37,16 @@ class Services:
         return str(self.engine.loaded.model_id)
 
     def cache_state(self) -> dict[str, Any]:
-        """``{"state": "off" | "ok" | "unavailable", "backend": ...}``, without network I/O."""
+        """``{"state": "off" | "ok" | "unavailable", "backend": ...}``: the store is asked
+        (a ping with a short timeout) at most once per ``_PING_EVERY_S``; the backend is
+        named without credentials or server paths."""
         store = getattr(self.engine, "store", None)
         if store is None or not getattr(store, "enabled", True):
             return {"state": "off"}
-        reachable = bool(getattr(store, "available", True))
-        describe = getattr(store, "describe", None)
-        backend = describe() if callable(describe) else type(store).__name__
-        return {"state": "ok" if reachable else "unavailable", "backend": backend}
+        now = time.monotonic()
+        if self._ping is None or now - self._ping[0] >= _PING_EVERY_S:
+            self._ping = (now, bool(store.ping(_PING_TIMEOUT_S)))
+        return {"state": "ok" if self._ping[1] else "unavailable", "backend": store.public_name()}
 
 
 def load_engine(settings: Settings) -> RagSnapEngine:
@@ -53,7 +60,8 @@ def load_engine(settings: Settings) -> RagSnapEngine:
         return RagSnapEngine(loaded)
     from ragsnap.cache import open_store
 
-    store = open_store(settings.cache_url)
+    secret = settings.cache_key.get_secret_value() if settings.cache_key is not None else ""
+    store = open_store(settings.cache_url, key=secret)
     logger.info("KV cache: %s", store.describe())
     return RagSnapEngine(loaded, store=store)  # type: ignore[call-arg]
 
@@ -68,6 +76,9 @@ def start_services(
         logger.info("corpus indexed: %d passages", len(index))
     if engine is None:
         engine = load_engine(settings)
+    store = getattr(engine, "store", None)
+    if store is not None:
+        metrics.track_rejections(lambda: dict(store.rejections))
     worker = EngineWorker(engine, settings.max_queue, metrics, min_retry_s=settings.retry_after_s)
     worker.start()
     return Services(engine=engine, worker=worker, index=index)

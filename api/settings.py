@@ -24,6 +24,11 @@ class Settings(BaseSettings):
         default=None,
         description="KV cache store URL (redis://, file://PATH, none); unset = ragsnap's default",
     )
+    cache_key: SecretStr | None = Field(
+        default=None,
+        description="secret that encrypts and authenticates every KV cache entry (AES-GCM); "
+        "unset = entries are checksummed only",
+    )
     corpus_dir: str | None = Field(default=None, description="folder searched by the `query` field")
     served_model_name: str = Field(
         default="ragsnap", description="alias accepted as `model` on /v1"
