@@ -77,6 +77,46 @@ def _inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> li
     return out
 
 
+def check_tokens(
+    question: str,
+    documents: Sequence[Document],
+    services: Services,
+    settings: Settings,
+    param: str = "question",
+) -> None:
+    """413 when the question, a document or the whole prompt is over its token limit
+    (counted by the served model's tokenizer, control strings split as the prompt does)."""
+    from ragsnap.prompt import encode_user_text
+
+    tokenizer = services.engine.tokenizer
+    asked = len(encode_user_text(tokenizer, question))
+    if asked > settings.max_question_tokens:
+        raise ApiError(
+            413,
+            f"{param}: {asked} tokens, at most {settings.max_question_tokens} allowed",
+            param=param,
+            code="question_too_many_tokens",
+        )
+    total = asked
+    for i, doc in enumerate(documents):
+        count = len(encode_user_text(tokenizer, f"{doc.title}\n{doc.text}"))
+        if count > settings.max_document_tokens:
+            raise ApiError(
+                413,
+                f"documents[{i}]: {count} tokens, at most {settings.max_document_tokens} allowed",
+                param=f"documents[{i}].text",
+                code="document_too_many_tokens",
+            )
+        total += count
+    if total > settings.max_prompt_tokens:
+        raise ApiError(
+            413,
+            f"documents and question: {total} tokens, at most {settings.max_prompt_tokens} allowed",
+            param="documents",
+            code="prompt_too_many_tokens",
+        )
+
+
 def resolve_documents(
     fields: RetrievalFields, services: Services, settings: Settings
 ) -> list[Document]:

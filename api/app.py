@@ -51,11 +51,15 @@ def create_app(settings: Settings | None = None, engine: RagSnapEngine | None = 
                 await asyncio.to_thread(services.worker.stop)
                 app.state.services = None
 
+    docs = settings.docs_mode != "off"  # "auth": served, behind the API key (GuardMiddleware)
     app = FastAPI(
         title="ragsnap",
         summary="Question answering over documents with a query-aware compressed KV cache",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -17,7 +17,6 @@ from ragsnap.retrieval.bm25 import BM25Index
 
 logger = logging.getLogger("ragsnap.api")
 
-_PING_EVERY_S = 1.5  # /readyz asks the store at most this often
 _PING_TIMEOUT_S = 0.5
 
 
@@ -26,6 +25,7 @@ class Services:
     engine: RagSnapEngine
     worker: EngineWorker
     index: BM25Index | None = None
+    ping_every_s: float = 1.5
     _ping: tuple[float, bool] | None = field(default=None, repr=False)
 
     @property
@@ -38,13 +38,13 @@ class Services:
 
     def cache_state(self) -> dict[str, Any]:
         """``{"state": "off" | "ok" | "unavailable", "backend": ...}``: the store is asked
-        (a ping with a short timeout) at most once per ``_PING_EVERY_S``; the backend is
+        (a ping with a short timeout) at most once per ``ping_every_s``; the backend is
         named without credentials or server paths."""
         store = getattr(self.engine, "store", None)
         if store is None or not getattr(store, "enabled", True):
             return {"state": "off"}
         now = time.monotonic()
-        if self._ping is None or now - self._ping[0] >= _PING_EVERY_S:
+        if self._ping is None or now - self._ping[0] >= self.ping_every_s:
             self._ping = (now, bool(store.ping(_PING_TIMEOUT_S)))
         return {"state": "ok" if self._ping[1] else "unavailable", "backend": store.public_name()}
 
@@ -81,4 +81,6 @@ def start_services(
         metrics.track_rejections(lambda: dict(store.rejections))
     worker = EngineWorker(engine, settings.max_queue, metrics, min_retry_s=settings.retry_after_s)
     worker.start()
-    return Services(engine=engine, worker=worker, index=index)
+    return Services(
+        engine=engine, worker=worker, index=index, ping_every_s=settings.cache_ping_interval_s
+    )

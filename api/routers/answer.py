@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from api.answering import (
     answer_options,
     check_question,
+    check_tokens,
     collect_answer,
     event_payload,
     record_job,
@@ -50,6 +51,7 @@ async def answer(
 ) -> AnswerResponse | JobStreamingResponse:
     question = check_question(body.question, settings)
     documents = resolve_documents(body, services, settings)
+    check_tokens(question, documents, services, settings)
     options = answer_options(
         body.compression,
         settings,

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from api.answering import (
     answer_options,
     check_question,
+    check_tokens,
     collect_answer,
     event_payload,
     record_job,
@@ -114,6 +115,7 @@ async def chat_completions(
         )
     question = check_question(body.question(), settings, param="messages")
     documents = resolve_documents(body, services, settings)
+    check_tokens(question, documents, services, settings, param="messages")
     tokens_param = (
         "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     )
