@@ -53,16 +53,17 @@ def load_engine(settings: Settings) -> RagSnapEngine:
     """Load the model; attach the KV store of ``settings.cache_url`` when the engine takes one."""
     from ragsnap.models import load_model
 
-    loaded = load_model(settings.model, device=settings.device)
     if "store" not in inspect.signature(RagSnapEngine).parameters:
         if settings.cache_url not in (None, "", "none", "off"):
             raise ConfigError("this build of ragsnap has no KV cache support", field="cache_url")
-        return RagSnapEngine(loaded)
+        return RagSnapEngine(load_model(settings.model, device=settings.device))
     from ragsnap.cache import open_store
 
+    # the store first: a bad cache URL fails in a second, not after the model has loaded
     secret = settings.cache_key.get_secret_value() if settings.cache_key is not None else ""
     store = open_store(settings.cache_url, key=secret)
     logger.info("KV cache: %s", store.describe())
+    loaded = load_model(settings.model, device=settings.device)
     return RagSnapEngine(loaded, store=store)  # type: ignore[call-arg]
 
 
