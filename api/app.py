@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.metrics import ServiceMetrics
 from api.middleware import GuardMiddleware, RequestLogMiddleware
+from api.openapi import install_openapi
 from api.routers import answer, health, openai_compat
 from api.services import Services, start_services
 from api.settings import Settings
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None, engine: RagSnapEngine | None = 
     app.state.services = None
     app.state.load_error = None
     install_error_handlers(app)
+    install_openapi(app)
     app.include_router(health.router)
     app.include_router(answer.router)
     app.include_router(openai_compat.router)

@@ -18,6 +18,7 @@ from api.answering import (
 )
 from api.deps import NamespaceDep, RequestLogDep, ServicesDep, SettingsDep
 from api.errors import error_body
+from api.openapi import ANSWER_EVENTS, errors
 from api.schemas import AnswerRequest, AnswerResponse
 from api.streaming import JobStreamingResponse, sse
 from api.worker import AnswerJob, JobFailure
@@ -38,7 +39,11 @@ async def answer_events(job: AnswerJob) -> AsyncIterator[str]:
     "/v1/answer",
     response_model=AnswerResponse,
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "the answer, or its events"}
+        200: {
+            "content": ANSWER_EVENTS,
+            "description": "the answer (JSON), or its events (stream: true)",
+        },
+        **errors(400, 401, 408, 413, 422, 429, 503),
     },
 )
 async def answer(

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.deps import MetricsDep
+from api.openapi import ReadyResponse
 from api.services import Services
 
 router = APIRouter(tags=["health"])
@@ -19,7 +20,11 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=ReadyResponse,
+    responses={503: {"model": ReadyResponse, "description": "loading, or the load failed"}},
+)
 async def readyz(request: Request) -> JSONResponse:
     services: Services | None = getattr(request.app.state, "services", None)
     if services is None or not services.ready:
@@ -43,6 +48,10 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse(body)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 async def metrics(registry: MetricsDep) -> Response:
     return Response(registry.render(), media_type=CONTENT_TYPE_LATEST)

@@ -26,6 +26,7 @@ from api.answering import (
 )
 from api.deps import NamespaceDep, RequestLogDep, ServicesDep, SettingsDep
 from api.errors import ApiError, error_body
+from api.openapi import CHUNK_EVENTS, errors
 from api.schemas import ChatCompletionRequest
 from api.services import Services
 from api.settings import Settings
@@ -53,7 +54,7 @@ def _finish_reason(stats: dict[str, Any], max_new_tokens: int) -> str:
     return "length" if int(stats.get("new_tokens", 0)) >= max_new_tokens else "stop"
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=errors(400, 401, 429, 503))
 async def list_models(services: ServicesDep, settings: SettingsDep) -> dict[str, Any]:
     created = int(time.time())
     return {
@@ -97,7 +98,16 @@ async def completion_chunks(
     yield sse("[DONE]")
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions",
+    responses={
+        200: {
+            "content": CHUNK_EVENTS,
+            "description": "a chat.completion, or its chunks (stream: true)",
+        },
+        **errors(400, 401, 404, 408, 413, 429, 503),
+    },
+)
 async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,
