@@ -233,7 +233,11 @@ def submit_job(
 def record_job(job: AnswerJob, log: dict[str, Any], client_gone: bool = False) -> None:
     """Put the job's outcome and timings (never its text) into the request's log line."""
     stats = job.stats
-    log["outcome"] = "cancelled" if client_gone else job.outcome
+    outcome = job.outcome
+    # a client that left a non-streaming answer: the worker may not have seen it yet
+    if client_gone or (job.cancelled.is_set() and outcome not in {"ok", "error"}):
+        outcome = "cancelled"
+    log["outcome"] = outcome
     if job.queue_s is not None:
         log["queue_s"] = round(job.queue_s, 4)
     for key in (

@@ -293,3 +293,36 @@ def test_a_damaged_entry_is_counted_in_metrics(engine, tmp_path):
         assert again["stats"]["cache"] == "miss" and again["answer"] == first["answer"]
         metrics = served.get("/metrics").text
     assert 'ragsnap_cache_rejected_entries_total{reason="checksum"} 1.0' in metrics
+
+
+def test_a_non_streaming_disconnect_is_logged_as_cancelled(engine, caplog):
+    import logging
+    import time
+
+    import httpx
+
+    caplog.set_level(logging.INFO, logger="ragsnap.api.access")
+    with running_server(_app(engine)) as base:
+        parts = urlsplit(base)
+        data = json.dumps(native(max_new_tokens=200, compression=None)).encode()
+        head = (
+            f"POST /v1/answer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n"
+        ).encode()
+        sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
+        sock.sendall(head + data)
+        deadline = time.monotonic() + 120  # a bound for a broken server, not a measurement
+        while not httpx.get(f"{base}/readyz").json()["queue"]["busy"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        sock.close()  # the client leaves while its answer is computed
+
+        def answer_lines():
+            lines = [json.loads(r.getMessage()) for r in caplog.records]
+            return [line for line in lines if line.get("path") == "/v1/answer"]
+
+        while not answer_lines():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    (line,) = answer_lines()
+    assert line["outcome"] == "cancelled"
