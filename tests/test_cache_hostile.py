@@ -213,7 +213,9 @@ def test_sealed_redis_entries_round_trip_and_reject_forgeries(redis_server, monk
         lambda p: _with_metadata(p, storage_dtype="float16"),  # tensors say float32
         lambda p: _with_metadata(p, num_layers="99999999"),
         lambda p: _with_metadata(p, num_layers="7"),
+        lambda p: _with_metadata(p, original_length="five"),
         lambda p: _with_metadata(p, original_length="5"),  # kept positions beyond it
+        lambda p: _with_tensor(p, "idx.1", -torch.ones(1, 2, 12, dtype=torch.int16)),
         lambda p: _with_metadata(p, kept_layers='["x"]'),
         lambda p: _with_metadata(p, aliases="[1, 2]"),
         lambda p: _with_tensor(p, "k.1", torch.zeros(1, 2, 12, 8, dtype=torch.float16)),

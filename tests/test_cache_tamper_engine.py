@@ -5,6 +5,7 @@ redis-server and the file store, with and without a cache key."""
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -94,3 +95,25 @@ def test_tampered_entry_is_a_miss_deleted_and_the_answer_is_the_cold_one(
     assert hit.stats["cache"] == "hit"  # the recomputed entry replaced the forgery
     assert hit.answer == cold.answer
     store.close()
+
+
+def test_a_miss_with_the_prefix_tier_counts_the_document_prefix_pass(engine, tmp_path):
+    """The prefix is prefilled in its own pass on a miss: its tokens and its time are part
+    of ``prefill_tokens`` and ``prefill_s``."""
+    eng = RagSnapEngine(engine.loaded, store=open_store(f"file://{tmp_path}"))
+    assert eng._cached is not None
+    passes: list[float] = []
+    real = eng._cached._prefill_prefix
+
+    def timed(prefix_ids):
+        started = time.perf_counter()
+        try:
+            return real(prefix_ids)
+        finally:
+            passes.append(time.perf_counter() - started)
+
+    eng._cached._prefill_prefix = timed  # type: ignore[method-assign]
+    done = ask(eng, Q1, uuid.uuid4().hex[:12])
+    assert done.stats["cache"] == "miss" and len(passes) == 1
+    assert done.stats["prefill_tokens"] == done.stats["prompt_tokens"]
+    assert done.stats["prefill_s"] >= round(passes[0], 4) - 1e-4

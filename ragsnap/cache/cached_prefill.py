@@ -255,10 +255,13 @@ class CachedPrefill:
         if start <= 0:
             return self.engine.prefill(layout.input_ids, press)
         prefix = self._load_prefix(pkey, layout, report) if store else None
+        prefix_s, prefix_tokens = 0.0, 0  # a miss's document-prefix pass counts as prefill
         if prefix is not None:
             report.status = "prefix-hit"
         else:
+            started = time.perf_counter()
             prefix = self._prefill_prefix(layout.input_ids[: layout.prefix_len])
+            prefix_s, prefix_tokens = time.perf_counter() - started, layout.prefix_len
             if store:
                 loaded = self.engine.loaded
                 report.pending.append(
@@ -275,9 +278,12 @@ class CachedPrefill:
                 )
         with torch.inference_mode():
             cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
-        return self.engine.prefill(
+        result = self.engine.prefill(
             layout.input_ids, press, cache=self._cache_from(cropped), start=start
         )
+        result.prefill_s += prefix_s
+        result.processed_tokens += prefix_tokens
+        return result
 
     def _prefill_prefix(self, prefix_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Full KV of the document prefix, ``[1, Hkv, P, D]`` per layer (no compression)."""
