@@ -284,3 +284,20 @@ def test_redis_ping_asks_the_server(redis_factory):
     assert store.ping(0.5) is True
     assert store.available is True
     store.close()
+
+
+def test_redis_auth_urls_work_and_never_show_the_password(redis_factory):
+    pytest.importorskip("redis")
+    from ragsnap.cache import StoreUnavailable
+
+    server = redis_factory("--requirepass", "s3cret-pw")
+    url = f"redis://:s3cret-pw@127.0.0.1:{server.port}/0"
+    with open_store(url, key="k") as store:
+        key = _key(uuid.uuid4().hex)
+        assert store.put(key, b"payload") and store.get(key) == b"payload"
+        assert "s3cret-pw" not in store.describe() and "s3cret-pw" not in str(store.stats())
+        assert store.ping(0.5) is True
+    with open_store(f"redis://127.0.0.1:{server.port}/0") as anonymous:
+        assert anonymous.ping(0.5) is False
+        with pytest.raises(StoreUnavailable):
+            anonymous.get(_key())
