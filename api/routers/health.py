@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -41,7 +42,8 @@ async def readyz(request: Request) -> JSONResponse:
         "status": "ready",
         "model": services.model_id,
         "device": str(services.engine.device),
-        "cache": services.cache_state(),
+        # the ping may wait for its timeout: off the event loop
+        "cache": await asyncio.to_thread(services.cache_state),
         "corpus_passages": len(services.index) if services.index is not None else None,
         "queue": {"waiting": services.worker.depth, "busy": services.worker.busy},
     }
