@@ -78,6 +78,46 @@ def inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> lis
     return out
 
 
+def check_tokens(
+    question: str,
+    documents: Sequence[Document],
+    services: Services,
+    settings: Settings,
+    param: str = "question",
+) -> None:
+    """413 when the question, a document or the whole prompt is over its token limit
+    (counted by the served model's tokenizer, control strings split as the prompt does)."""
+    from ragsnap.prompt import encode_user_text
+
+    tokenizer = services.engine.tokenizer
+    asked = len(encode_user_text(tokenizer, question))
+    if asked > settings.max_question_tokens:
+        raise ApiError(
+            413,
+            f"{param}: {asked} tokens, at most {settings.max_question_tokens} allowed",
+            param=param,
+            code="question_too_many_tokens",
+        )
+    total = asked
+    for i, doc in enumerate(documents):
+        count = len(encode_user_text(tokenizer, f"{doc.title}\n{doc.text}"))
+        if count > settings.max_document_tokens:
+            raise ApiError(
+                413,
+                f"documents[{i}]: {count} tokens, at most {settings.max_document_tokens} allowed",
+                param=f"documents[{i}].text",
+                code="document_too_many_tokens",
+            )
+        total += count
+    if total > settings.max_prompt_tokens:
+        raise ApiError(
+            413,
+            f"documents and question: {total} tokens, at most {settings.max_prompt_tokens} allowed",
+            param="documents",
+            code="prompt_too_many_tokens",
+        )
+
+
 def resolve_documents(
     fields: RetrievalFields, services: Services, settings: Settings
 ) -> list[Document]:
@@ -223,7 +263,11 @@ def submit_job(
 
 def record_job(job: AnswerJob, log: dict[str, Any], client_gone: bool = False) -> None:
     """Put the job's outcome and timings (never its text) into the request's log line."""
-    log["outcome"] = "cancelled" if client_gone else job.outcome
+    outcome = job.outcome
+    # a client that left a non-streaming answer: the worker may not have seen it yet
+    if client_gone or (job.cancelled.is_set() and outcome not in {"ok", "error"}):
+        outcome = "cancelled"
+    log["outcome"] = outcome
     if job.queue_s is not None:
         log["queue_s"] = round(job.queue_s, 4)
     if (stats := job.stats) is not None:

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from api.errors import install_error_handlers
 from api.metrics import ServiceMetrics
 from api.middleware import GuardMiddleware, RequestLogMiddleware
+from api.openapi import install_openapi
 from api.routers import answer, health, openai_compat
 from api.services import Services, start_services
 from api.settings import Settings
@@ -51,17 +52,22 @@ def create_app(settings: Settings | None = None, engine: RagSnapEngine | None = 
                 await asyncio.to_thread(services.worker.stop)
                 app.state.services = None
 
+    docs = settings.docs_mode != "off"  # "auth": served, behind the API key (GuardMiddleware)
     app = FastAPI(
         title="ragsnap",
         summary="Question answering over documents with a query-aware compressed KV cache",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.services = None
     app.state.load_error = None
     install_error_handlers(app)
+    install_openapi(app)
     app.include_router(health.router)
     app.include_router(answer.router)
     app.include_router(openai_compat.router)

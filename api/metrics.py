@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from ragsnap.stats import AnswerStats
@@ -98,6 +100,11 @@ class ServiceMetrics:
         self.batch_size.observe(batch_size)
         self.step_seconds.observe(seconds)
 
+    def track_rejections(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Export the KV store's count of rejected entries (damaged, tampered, unreadable:
+        each deleted and recomputed) as ``ragsnap_cache_rejected_entries_total{reason}``."""
+        self.registry.register(_RejectionCollector(counts))
+
     def track_queue(self, depth: Callable[[], float], busy: Callable[[], float]) -> None:
         self.queue_depth.set_function(depth)
         self.worker_busy.set_function(busy)
@@ -120,3 +127,21 @@ class ServiceMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _RejectionCollector(Collector):
+    """Reads the store's own counters at scrape time (the store knows nothing of Prometheus)."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "ragsnap_cache_rejected_entries",
+            "KV cache entries found unusable (checksum, unauthenticated, stale, unreadable), "
+            "deleted and recomputed",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.counts().items()):
+            family.add_metric([reason], count)
+        yield family

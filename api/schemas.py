@@ -3,14 +3,40 @@ operator configures (:class:`api.settings.Settings`) are checked in :mod:`api.re
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from ragsnap.generation import GREEDY_BELOW, MAX_TEMPERATURE, SEED_MAX, SEED_MIN
 
 # hard caps, whatever the settings say (the configurable limits are tighter)
 _MAX_ID = 256
 _MAX_TITLE = 1_000
 _MAX_TEXT = 10_000_000
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_surrogates(value: str) -> str:
+    # JSON may escape a lone UTF-16 surrogate ("\\ud800"): not a character, not encodable
+    if _SURROGATE.search(value):
+        raise ValueError("contains a lone UTF-16 surrogate (not valid Unicode text)")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_surrogates)]
+TEMPERATURE = (
+    f"sampling temperature, 0 to {MAX_TEMPERATURE:g}; below {GREEDY_BELOW:g} decodes greedily"
+)
+TOP_P = "nucleus sampling: the smallest set of tokens whose probability reaches top_p (the most likely always stays)"
+SEED = "sampling seed, from -2**63 to 2**63"
 
 
 class DocumentIn(BaseModel):
@@ -18,9 +44,11 @@ class DocumentIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str | int | None = Field(default=None, description="stable id, echoed in citations")
-    title: str = Field(default="", max_length=_MAX_TITLE)
-    text: str = Field(min_length=1, max_length=_MAX_TEXT)
+    id: Text | Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = Field(
+        default=None, description="stable id, echoed in citations"
+    )
+    title: Text = Field(default="", max_length=_MAX_TITLE)
+    text: Text = Field(min_length=1, max_length=_MAX_TEXT)
     format: Literal["json", "jsonl", "xml", "html", "markdown", "csv", "text"] | None = Field(
         default=None,
         description="how the text is structured (role-conditioned presses); omitted: detected",
@@ -46,7 +74,7 @@ class CompressionIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    press: str | None = Field(
+    press: Text | None = Field(
         default=None, min_length=1, max_length=64, description="default: ragsnap's default press"
     )
     budget: int | None = Field(
@@ -71,7 +99,7 @@ class RetrievalFields(BaseModel):
     """Where the documents come from: given inline, or found by ``query`` in the corpus."""
 
     documents: list[DocumentIn] | None = Field(default=None, max_length=10_000)
-    query: str | None = Field(
+    query: Text | None = Field(
         default=None, min_length=1, max_length=4_000, description="search the corpus"
     )
     top_k: int | None = Field(
@@ -86,7 +114,7 @@ class TurnIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["user", "assistant"]
-    content: str = Field(max_length=100_000)
+    content: Text = Field(max_length=100_000)
 
 
 StopIn = str | list[str] | None
@@ -98,15 +126,15 @@ class AnswerRequest(RetrievalFields):
 
     model_config = ConfigDict(extra="forbid")
 
-    instructions: str | None = Field(default=None, max_length=100_000)
+    instructions: Text | None = Field(default=None, max_length=100_000)
     history: list[TurnIn] | None = Field(default=None, max_length=256)
     stop: StopIn = None
 
-    question: str = Field(min_length=1, max_length=1_000_000)
+    question: Text = Field(min_length=1, max_length=1_000_000)
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: float = Field(default=0.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    seed: int | None = None
+    temperature: float = Field(default=0.0, ge=0, le=2, description=TEMPERATURE)
+    top_p: float = Field(default=1.0, gt=0, le=1, description=TOP_P)
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description=SEED)
     stream: bool = False
 
     @field_validator("question")
@@ -128,14 +156,14 @@ class AnswerResponse(BaseModel):
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: Text = Field(max_length=_MAX_TEXT)
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = Field(default=None, max_length=_MAX_TEXT)
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -155,15 +183,15 @@ class ChatCompletionRequest(RetrievalFields):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(min_length=1, max_length=256)
+    model: Text = Field(min_length=1, max_length=256)
     messages: list[ChatMessage] = Field(min_length=1, max_length=256)
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    seed: int | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2, description=TEMPERATURE)
+    top_p: float | None = Field(default=None, gt=0, le=1, description=TOP_P)
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description=SEED)
     n: int | None = Field(default=None, ge=1, le=1, description="one choice per request")
     stop: StopIn = None
     sources: bool = Field(default=False, description="append a Sources: list to the answer")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from api.metrics import ServiceMetrics
@@ -14,12 +15,16 @@ from ragsnap.retrieval.bm25 import BM25Index
 
 logger = logging.getLogger("ragsnap.api")
 
+_PING_TIMEOUT_S = 0.5
+
 
 @dataclass
 class Services:
     engine: RagSnapEngine
     worker: EngineWorker
     index: BM25Index | None = None
+    ping_every_s: float = 1.5
+    _ping: tuple[float, bool] | None = field(default=None, repr=False)
 
     @property
     def ready(self) -> bool:
@@ -30,14 +35,16 @@ class Services:
         return str(self.engine.loaded.model_id)
 
     def cache_state(self) -> dict[str, Any]:
-        """``{"state": "off" | "ok" | "unavailable", "backend": ...}``, without network I/O."""
+        """``{"state": "off" | "ok" | "unavailable", "backend": ...}``: the store is asked
+        (a ping with a short timeout) at most once per ``ping_every_s``; the backend is
+        named without credentials or server paths."""
         store = getattr(self.engine, "store", None)
         if store is None or not getattr(store, "enabled", True):
             return {"state": "off"}
-        reachable = bool(getattr(store, "available", True))
-        describe = getattr(store, "describe", None)
-        backend = describe() if callable(describe) else type(store).__name__
-        return {"state": "ok" if reachable else "unavailable", "backend": backend}
+        now = time.monotonic()
+        if self._ping is None or now - self._ping[0] >= self.ping_every_s:
+            self._ping = (now, bool(store.ping(_PING_TIMEOUT_S)))
+        return {"state": "ok" if self._ping[1] else "unavailable", "backend": store.public_name()}
 
 
 def load_engine(settings: Settings) -> RagSnapEngine:
@@ -45,9 +52,11 @@ def load_engine(settings: Settings) -> RagSnapEngine:
     from ragsnap.cache import open_store
     from ragsnap.models import load_model
 
-    loaded = load_model(settings.model, device=settings.device)
-    store = open_store(settings.cache_url)
+    # the store first: a bad cache URL fails in a second, not after the model has loaded
+    secret = settings.cache_key.get_secret_value() if settings.cache_key is not None else ""
+    store = open_store(settings.cache_url, key=secret)
     logger.info("KV cache: %s", store.describe())
+    loaded = load_model(settings.model, device=settings.device)
     return RagSnapEngine(loaded, store=store)
 
 
@@ -61,6 +70,9 @@ def start_services(
         logger.info("corpus indexed: %d passages", len(index))
     if engine is None:
         engine = load_engine(settings)
+    store = engine.store
+    if store is not None:
+        metrics.track_rejections(lambda: dict(store.rejections))
     worker = EngineWorker(
         engine,
         settings.max_queue,
@@ -70,4 +82,6 @@ def start_services(
         step_tokens=settings.step_tokens,
     )
     worker.start()
-    return Services(engine=engine, worker=worker, index=index)
+    return Services(
+        engine=engine, worker=worker, index=index, ping_every_s=settings.cache_ping_interval_s
+    )

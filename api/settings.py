@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -24,6 +24,14 @@ class Settings(BaseSettings):
         default=None,
         description="KV cache store URL (redis://, file://PATH, none); unset = ragsnap's default",
     )
+    cache_key: SecretStr | None = Field(
+        default=None,
+        description="secret that encrypts and authenticates every KV cache entry (AES-GCM); "
+        "unset = entries are checksummed only",
+    )
+    cache_ping_interval_s: float = Field(
+        default=1.5, ge=0, le=60, description="/readyz asks the store at most this often"
+    )
     corpus_dir: str | None = Field(default=None, description="folder searched by the `query` field")
     served_model_name: str = Field(
         default="ragsnap", description="alias accepted as `model` on /v1"
@@ -32,14 +40,33 @@ class Settings(BaseSettings):
     # authentication: comma-separated keys; each key gets its own cache namespace
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
 
+    # who may see the API description: auto = public without keys, hidden with keys;
+    # auth = /openapi.json and /docs need a key too; off = never served
+    docs: Literal["auto", "public", "auth", "off"] = "auto"
+    # Host header values accepted (DNS rebinding guard); "*" accepts any. Ports are ignored.
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["*"])
+
     # request limits
     max_documents: int = Field(default=32, ge=1)
     max_document_bytes: int = Field(default=64_000, ge=1)
     max_total_bytes: int = Field(default=512_000, ge=1)
     max_question_chars: int = Field(default=2_000, ge=1)
+    max_document_tokens: int = Field(default=16_384, ge=1, description="tokens of one document")
+    max_question_tokens: int = Field(default=1_024, ge=1)
+    max_prompt_tokens: int = Field(
+        default=32_768, ge=1, description="tokens of all documents and the question together"
+    )
     max_new_tokens_limit: int = Field(default=512, ge=1)
     default_max_new_tokens: int = Field(default=128, ge=1)
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, description="a request body must arrive within this (408)"
+    )
+    # per API key (per client address without keys); 0 = no limit
+    rate_limit_per_minute: int = Field(default=0, ge=0)
+    rate_limit_burst: int | None = Field(
+        default=None, ge=1, description="requests allowed at once (default: the per-minute rate)"
+    )
     max_top_k: int = Field(default=20, ge=1)
     default_top_k: int = Field(default=4, ge=1)
 
@@ -56,7 +83,7 @@ class Settings(BaseSettings):
         description="token budget of one scheduler step: a prefill chunk plus one token per running request",
     )
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "allowed_hosts", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
@@ -66,6 +93,13 @@ class Settings(BaseSettings):
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def docs_mode(self) -> str:
+        """``public``, ``auth`` or ``off`` (``auto`` resolved by whether keys are set)."""
+        if self.docs == "auto":
+            return "off" if self.auth_enabled else "public"
+        return self.docs
 
     def key_digests(self) -> dict[str, str]:
         """sha256 of each API key -> the namespace its requests use (never the key itself)."""

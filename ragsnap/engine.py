@@ -143,6 +143,14 @@ class RagSnapEngine:
         chat: ChatContext | None = None,
     ) -> PromptLayout:
         budget = self.loaded.context_length - generation.max_new_tokens
+        if budget <= 0:  # say what to change, not a negative number of prompt tokens
+            from ragsnap.errors import ConfigError
+
+            raise ConfigError(
+                f"max_new_tokens {generation.max_new_tokens} leaves no room for the prompt: "
+                f"the model's context is {self.loaded.context_length} tokens",
+                field="max_new_tokens",
+            )
         return assemble_prompt(
             self.tokenizer,
             question,

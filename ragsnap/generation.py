@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ragsnap.errors import ConfigError
+
+MAX_TEMPERATURE = 100.0
+# below this the softmax of logits / temperature is one-hot in float32: greedy is the limit
+GREEDY_BELOW = 1e-4
+# within what torch.Generator.manual_seed takes, and exact as JSON Schema floats
+SEED_MIN, SEED_MAX = -(2**63), 2**63
 
 
 @dataclass(frozen=True)
@@ -23,14 +30,25 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ConfigError("max_new_tokens must be at least 1", field="max_new_tokens")
-        if self.temperature < 0:
-            raise ConfigError("temperature must be >= 0", field="temperature")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError("top_p must be in (0, 1]", field="top_p")
+        if not (math.isfinite(self.temperature) and 0 <= self.temperature <= MAX_TEMPERATURE):
+            raise ConfigError(
+                f"temperature must be between 0 and {MAX_TEMPERATURE:g}, got {self.temperature}",
+                field="temperature",
+            )
+        if not (math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}", field="top_p")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ConfigError(
+                f"seed must be between {SEED_MIN} and {SEED_MAX} (64 bits)", field="seed"
+            )
         if len(self.stop) > 4 or any(not s or len(s) > 256 for s in self.stop):
             raise ConfigError(
                 "stop: at most 4 non-empty strings of <= 256 characters", field="stop"
             )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW
 
 
 class TokenSampler:
@@ -39,20 +57,26 @@ class TokenSampler:
     def __init__(self, config: GenerationConfig, device: torch.device) -> None:
         self.config = config
         self.generator: torch.Generator | None = None
-        if config.temperature > 0:
+        if not config.greedy:
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(config.seed if config.seed is not None else torch.seed())
 
     def __call__(self, logits: torch.Tensor) -> int:
-        if self.config.temperature == 0:
+        """The next token id from ``logits`` ``[1, V]``."""
+        if self.config.greedy:
             return int(logits[0].argmax())
-        probs = (logits[0].float() / self.config.temperature).softmax(-1)
+        row = logits[0].float()
+        # shift by the max first: the scaled logits stay finite for any temperature
+        probs = ((row - row.max()) / self.config.temperature).softmax(-1)
         if self.config.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)
             # drop tokens once the mass before them already reaches top_p (the first always stays)
             outside = sorted_probs.cumsum(-1) - sorted_probs >= self.config.top_p
             sorted_probs[outside] = 0.0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        total = float(probs.sum())
+        if not math.isfinite(total) or total <= 0.0:  # NaN logits from the model: no sample
+            return int(row.nan_to_num(nan=float("-inf")).argmax())
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 

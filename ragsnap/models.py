@@ -78,9 +78,16 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        target = torch.device(device)
     except RuntimeError as exc:
         raise ModelLoadError(f"unknown device {device!r}") from exc
+    if target.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ModelLoadError(f"device {device!r}: CUDA is not available here (use cpu or auto)")
+        if target.index is not None and target.index >= count:
+            raise ModelLoadError(f"device {device!r}: only {count} CUDA device(s) here")
+    return target
 
 
 def default_attention(device: torch.device) -> str:
@@ -141,12 +148,12 @@ def load_model(
         verbose = logger.isEnabledFor(logging.INFO)
         with contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO()):
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    except (OSError, ValueError, ImportError) as exc:
+        model.to(target).eval()  # type: ignore[arg-type]
+    except Exception as exc:  # a truncated GGUF raises anything from struct to numpy errors
         first_line = (
             str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         )
-        raise ModelLoadError(f"cannot load model {name!r}: {first_line}") from exc
-    model.to(target).eval()  # type: ignore[arg-type]
+        raise ModelLoadError(f"cannot load model {name!r}: {first_line[:300]}") from exc
     if target.type == "cpu":
         column_major_linears(model)
     commit = getattr(model.config, "_commit_hash", None)

@@ -18,7 +18,13 @@ def base_url(engine, tmp_path_factory):
         "The Moon pulls on the oceans.\n\nThat pull raises the tides twice a day."
     )
     (corpus / "bees.txt").write_text("Honeybees dance to show where the flowers are.")
-    settings = Settings(corpus_dir=str(corpus), max_question_chars=100_000, max_new_tokens_limit=64)
+    settings = Settings(
+        corpus_dir=str(corpus),
+        max_question_chars=100_000,
+        max_question_tokens=100_000,  # the test overflows the context on purpose
+        max_prompt_tokens=100_000,
+        max_new_tokens_limit=64,
+    )
     with running_server(create_app(settings, engine=engine)) as url:
         yield url
 

@@ -29,7 +29,9 @@ def _entry(length: int = 50, kept: int = 12, layers: int = 3, dtype: torch.dtype
     cache_layers, compressed = [], []
     for i in range(layers):
         idx = torch.stack(
-            [torch.randperm(length, generator=gen)[:kept].sort().values for _ in range(2)]
+            [
+                torch.randperm(50, generator=gen)[:kept].sort().values for _ in range(2)
+            ]  # + length - 50 below: inside the prompt
         )
         k = torch.randn(1, 2, kept, 8, generator=gen).to(dtype)
         v = torch.randn(1, 2, kept, 8, generator=gen).to(dtype)

@@ -6,7 +6,6 @@ import json
 
 import pytest
 from pydantic import ValidationError
-from ragsnap.integrations.langchain.retriever import from_langchain_documents, to_langchain_document
 
 from api.answering import inline_documents
 from api.schemas import DocumentIn
@@ -14,6 +13,7 @@ from api.settings import Settings
 from ragsnap.compression import make_press
 from ragsnap.documents import Document, load_documents
 from ragsnap.errors import InputError
+from ragsnap.integrations.langchain.retriever import from_langchain_documents, to_langchain_document
 
 
 def test_jsonl_documents_declare_their_format(tmp_path) -> None:

@@ -10,6 +10,7 @@ from api.answering import (
     answer_options,
     chat_context,
     check_question,
+    check_tokens,
     collect_answer,
     event_payload,
     record_job,
@@ -18,6 +19,7 @@ from api.answering import (
 )
 from api.deps import NamespaceDep, RequestLogDep, ServicesDep, SettingsDep
 from api.errors import error_body
+from api.openapi import ANSWER_EVENTS, errors
 from api.schemas import AnswerRequest, AnswerResponse
 from api.streaming import JobStreamingResponse, sse
 from api.worker import AnswerJob, JobFailure
@@ -39,7 +41,11 @@ async def answer_events(job: AnswerJob) -> AsyncIterator[str]:
     "/v1/answer",
     response_model=AnswerResponse,
     responses={
-        200: {"content": {"text/event-stream": {}}, "description": "the answer, or its events"}
+        200: {
+            "content": ANSWER_EVENTS,
+            "description": "the answer (JSON), or its events (stream: true)",
+        },
+        **errors(400, 401, 408, 413, 422, 429, 503),
     },
 )
 async def answer(
@@ -52,6 +58,7 @@ async def answer(
 ) -> AnswerResponse | JobStreamingResponse:
     question = check_question(body.question, settings)
     documents = resolve_documents(body, services, settings)
+    check_tokens(question, documents, services, settings)
     options = answer_options(
         body.compression,
         settings,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.deps import MetricsDep
+from api.openapi import ReadyResponse
 from api.services import Services
 
 router = APIRouter(tags=["health"])
@@ -19,7 +21,11 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=ReadyResponse,
+    responses={503: {"model": ReadyResponse, "description": "loading, or the load failed"}},
+)
 async def readyz(request: Request) -> JSONResponse:
     services: Services | None = getattr(request.app.state, "services", None)
     if services is None or not services.ready:
@@ -36,13 +42,18 @@ async def readyz(request: Request) -> JSONResponse:
         "status": "ready",
         "model": services.model_id,
         "device": str(services.engine.device),
-        "cache": services.cache_state(),
+        # the ping may wait for its timeout: off the event loop
+        "cache": await asyncio.to_thread(services.cache_state),
         "corpus_passages": len(services.index) if services.index is not None else None,
         "queue": {"waiting": services.worker.depth, "busy": services.worker.busy},
     }
     return JSONResponse(body)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=PlainTextResponse,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+)
 async def metrics(registry: MetricsDep) -> Response:
     return Response(registry.render(), media_type=CONTENT_TYPE_LATEST)

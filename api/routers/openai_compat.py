@@ -16,7 +16,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from api.answering import answer_options, collect_answer, event_payload, record_job, submit_job
+from api.answering import (
+    answer_options,
+    check_tokens,
+    collect_answer,
+    event_payload,
+    record_job,
+    submit_job,
+)
 from api.deps import NamespaceDep, RequestLogDep, ServicesDep, SettingsDep
 from api.errors import ApiError, error_body
 from api.openai_serving import (
@@ -29,6 +36,7 @@ from api.openai_serving import (
     sources_text,
     usage,
 )
+from api.openapi import CHUNK_EVENTS, errors
 from api.schemas import ChatCompletionRequest
 from api.services import Services
 from api.settings import Settings
@@ -43,7 +51,7 @@ def served_names(services: Services, settings: Settings) -> list[str]:
     return [services.model_id, settings.served_model_name]
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=errors(400, 401, 429, 503))
 async def list_models(services: ServicesDep, settings: SettingsDep) -> dict[str, Any]:
     created = int(time.time())
     return {
@@ -98,7 +106,16 @@ async def completion_chunks(
     yield sse("[DONE]")
 
 
-@router.post("/v1/chat/completions")
+@router.post(
+    "/v1/chat/completions",
+    responses={
+        200: {
+            "content": CHUNK_EVENTS,
+            "description": "a chat.completion, or its chunks (stream: true)",
+        },
+        **errors(400, 401, 404, 408, 413, 429, 503),
+    },
+)
 async def chat_completions(
     body: ChatCompletionRequest,
     request: Request,
@@ -117,6 +134,7 @@ async def chat_completions(
     refuse_unsupported(body)
     parsed = parse_chat(body, settings)
     documents = chat_documents(body, parsed, services, settings)
+    check_tokens(parsed.question, documents, services, settings, param="messages")
     chat = conversation(parsed, settings)  # after: the system text may have become the context
     tokens_param = (
         "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"

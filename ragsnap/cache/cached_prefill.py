@@ -207,10 +207,7 @@ class CachedPrefill:
         logger.warning(
             "cache entry %s unusable (%s); deleting and recomputing", key.digest[:12], reason
         )
-        try:
-            self.store.delete(key)
-        except Exception as exc:
-            logger.warning("cannot delete cache entry %s: %s", key.digest[:12], exc)
+        self.store.reject(key, "stale" if isinstance(reason, StaleEntry) else "unreadable")
 
     # -- hit --------------------------------------------------------------------------
 
@@ -222,12 +219,16 @@ class CachedPrefill:
         loaded = self.loaded
         try:
             stored = deserialize_prefill(
-                payload, model_id=loaded.model_id, revision=loaded.revision, device=loaded.device
+                payload,
+                model_id=loaded.model_id,
+                revision=loaded.revision,
+                device=loaded.device,
+                dtype=next(loaded.model.parameters()).dtype,
             )
-        except StaleEntry as exc:
+            cache = self.runner.cache_from(stored.layers)
+        except Exception as exc:  # any entry that does not load is a miss, never a 500
             self._drop(key, exc)
             return None
-        cache = self.runner.cache_from(stored.layers)
         report.status = "hit"
         report.bytes_read += len(payload)
         report.load_s += time.perf_counter() - started
@@ -311,8 +312,10 @@ class CachedPrefill:
                 revision=loaded.revision,
                 prefix_len=layout.prefix_len,
                 device=loaded.device,
+                dtype=next(loaded.model.parameters()).dtype,
             )
-        except StaleEntry as exc:
+            self.runner.cache_from(layers)  # the model's layer layout, or a miss here
+        except Exception as exc:  # any entry that does not load is a miss, never a 500
             self._drop(key, exc)
             return None
         report.bytes_read += len(payload)

@@ -1,14 +1,18 @@
 """The embedded default store: one file per entry in a directory, with a size cap.
 
 Layout: ``ROOT/<namespace>/<kind>-<digest>.kv``; each file is a magic line, the sha256 of
-the payload and the payload. Writes go to a temporary file and are renamed into place, so
+the payload and the payload. A cached KV is as sensitive as its documents, so folders are
+0700 and files 0600 whatever the umask. Writes go to a temporary file and are renamed into place, so
 a reader sees a whole entry or none; reading touches the file's mtime, and the oldest
 files go first when the directory grows past ``max_bytes``. Eviction and per-entry
-computation hold :mod:`filelock` locks, so two processes can share one directory.
+computation hold :mod:`filelock` locks, so two processes can share one directory. A full
+disk (ENOSPC) evicts the oldest entries to make room and tries once more; if that fails
+too, the entry is not stored and the answer goes on.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -31,6 +35,8 @@ DEFAULT_MAX_BYTES = 4 * 2**30
 SUFFIX = ".kv"
 _STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
 _LOCK_STRIPES = 256  # entry locks are striped so lock files never pile up
+DIR_MODE = 0o700
+FILE_MODE = 0o600
 
 
 class FileKVStore(KVStore):
@@ -43,9 +49,13 @@ class FileKVStore(KVStore):
         self.root = Path(root)
         self.max_bytes = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
         self._locks = self.root / ".locks"
+        self._private: set[Path] = set()
 
     def describe(self) -> str:
         return f"file://{self.root}"
+
+    def public_name(self) -> str:
+        return "file"  # the directory is a server path: logs only
 
     # -- paths and locks --------------------------------------------------------------
 
@@ -53,12 +63,21 @@ class FileKVStore(KVStore):
         return self.root / key.label / f"{key.kind}-{key.digest}{SUFFIX}"
 
     def _ensure_dirs(self, *dirs: Path) -> None:
-        for d in (self._locks, *dirs):
-            d.mkdir(parents=True, exist_ok=True)
+        """Create ``root``, its lock folder and ``dirs``, all 0700 (chmod: mkdir's mode is
+        filtered by the umask and ignored for existing folders)."""
+        for d in (self.root, self._locks, *dirs):
+            if d in self._private and d.is_dir():
+                continue
+            d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            os.chmod(d, DIR_MODE)
+            self._private.add(d)
+
+    def _lock(self, name: str) -> FileLock:
+        return FileLock(str(self._locks / name), mode=FILE_MODE)
 
     def _eviction_lock(self) -> FileLock:
         self._ensure_dirs()
-        return FileLock(str(self._locks / "evict.lock"))
+        return self._lock("evict.lock")
 
     @contextmanager
     def exclusive(self, key: EntryKey, wait_s: float = 300.0) -> Iterator[None]:
@@ -67,7 +86,7 @@ class FileKVStore(KVStore):
             lock: FileLock | None = None
             try:
                 self._ensure_dirs()
-                lock = FileLock(str(self._locks / f"entry-{stripe:03d}.lock"))
+                lock = self._lock(f"entry-{stripe:03d}.lock")
                 lock.acquire(timeout=wait_s)
             except (Timeout, OSError) as exc:
                 logger.warning("file cache: no entry lock (%s); computing without it", exc)
@@ -97,8 +116,7 @@ class FileKVStore(KVStore):
             or header[: len(MAGIC)] != MAGIC
             or hashlib.sha256(payload).digest() != header[len(MAGIC) :]
         ):
-            logger.warning("file cache: %s is damaged; deleting it", path.name)
-            self.delete(key)
+            self.reject(key, "checksum")
             return None
         try:
             os.utime(path)  # least recently used goes first
@@ -116,23 +134,59 @@ class FileKVStore(KVStore):
                 self.max_bytes,
             )
             return False
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
         try:
             self._ensure_dirs(path.parent)
-            with open(tmp, "wb") as handle:
+            self._write(path, payload)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self._make_room(size, keep=path):
+                logger.warning("file cache: cannot write %s: %s", path.name, exc)
+                return False
+            try:  # room was made: one more try, then the answer goes on without the cache
+                self._write(path, payload)
+            except OSError as again:
+                logger.warning("file cache: cannot write %s: %s", path.name, again)
+                return False
+        self._evict(keep=path)
+        return True
+
+    def _write(self, path: Path, payload: bytes) -> None:
+        """Write the entry to a private temporary file and rename it into place."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            with os.fdopen(fd, "wb") as handle:
                 handle.write(MAGIC)
                 handle.write(hashlib.sha256(payload).digest())
                 handle.write(payload)
             os.replace(tmp, path)
-        except OSError as exc:  # a full disk, a read-only directory: the answer goes on
-            logger.warning("file cache: cannot write %s: %s", path.name, exc)
+        except OSError:
             try:
                 tmp.unlink(missing_ok=True)
             except OSError:
                 pass
-            return False
-        self._evict(keep=path)
-        return True
+            raise
+
+    def _make_room(self, needed: int, keep: Path) -> bool:
+        """After ENOSPC: delete least recently used entries (other than ``keep``) until
+        ``needed`` bytes are freed. False when there was nothing to free."""
+        freed = 0
+        try:
+            with self._eviction_lock():
+                entries = sorted(
+                    (st.st_mtime, st.st_size, path)
+                    for path, st in self._entries()
+                    if path.suffix == SUFFIX and path != keep
+                )
+                for _, size, path in entries:
+                    if freed >= needed:
+                        break
+                    path.unlink(missing_ok=True)
+                    freed += size
+        except OSError as exc:
+            logger.warning("file cache: cannot make room after a full disk: %s", exc)
+        if freed:
+            logger.warning("file cache: disk full; evicted %d bytes to make room", freed)
+        return freed > 0
 
     def delete(self, key: EntryKey) -> None:
         try:
@@ -145,7 +199,7 @@ class FileKVStore(KVStore):
             [self.root / namespace_label(namespace)]
             if namespace is not None
             else (
-                [d for d in self.root.iterdir() if d.is_dir() and d.name != ".locks"]
+                [d for d in self.root.iterdir() if d.is_dir() and not d.name.startswith(".")]
                 if self.root.is_dir()
                 else []
             )

@@ -30,6 +30,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ragsnap.cache.store import EntryKey, KVStore, StoreUnavailable, namespace_label, parse_size
+from ragsnap.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +39,25 @@ DEFAULT_TTL_S = 7 * 24 * 3600
 DEFAULT_CHUNK_BYTES = 4 * 2**20
 LOCK_TTL_S = 120.0
 _POLL_S = 0.05
+_MAX_CHUNKS = 1 << 16  # 256 GiB at the default chunk size: a larger count is a forged manifest
 _OWN_OPTIONS = ("ttl", "chunk_bytes", "backoff", "max_backoff")
 # delete the lock only if it is still ours (it may have expired and been taken over)
 _RELEASE_LUA = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 )
 T = TypeVar("T")
+N = TypeVar("N", int, float)
+
+
+def _number(text: str, name: str, kind: type[N]) -> N:
+    """A query option as a number; a ValueError that names the option otherwise."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{name}={text!r} is not a finite number")
+    return value
 
 
 class RedisKVStore(KVStore):
@@ -63,7 +77,9 @@ class RedisKVStore(KVStore):
     ) -> None:
         super().__init__()
         if ttl_s < 1 or chunk_bytes < 1:
-            raise ValueError("ttl_s and chunk_bytes must be positive")
+            raise ValueError("ttl and chunk_bytes must be positive")
+        if not (0 <= backoff_s <= 3600 and 0 <= max_backoff_s <= 86400):
+            raise ValueError("backoff and max_backoff must be between 0 and an hour / a day")
         self.url = url
         self.ttl_s = int(ttl_s)
         self.chunk_bytes = int(chunk_bytes)
@@ -77,6 +93,7 @@ class RedisKVStore(KVStore):
             retry=Retry(NoBackoff(), 0),
         )
         self._release = self.client.register_script(_RELEASE_LUA)
+        self._ping_client: redis.Redis | None = None
         self._state_lock = threading.Lock()
         self._failures = 0
         self._down_until = 0.0
@@ -90,13 +107,16 @@ class RedisKVStore(KVStore):
         own = {k: query.pop(k) for k in _OWN_OPTIONS if k in query}
         kwargs: dict[str, Any] = {}
         if "ttl" in own:
-            kwargs["ttl_s"] = int(own["ttl"])
+            kwargs["ttl_s"] = _number(own["ttl"], "ttl", int)
         if "chunk_bytes" in own:
-            kwargs["chunk_bytes"] = parse_size(own["chunk_bytes"])
+            try:
+                kwargs["chunk_bytes"] = parse_size(own["chunk_bytes"])
+            except ConfigError as exc:
+                raise ValueError(f"chunk_bytes: {exc}") from None
         if "backoff" in own:
-            kwargs["backoff_s"] = float(own["backoff"])
+            kwargs["backoff_s"] = _number(own["backoff"], "backoff", float)
         if "max_backoff" in own:
-            kwargs["max_backoff_s"] = float(own["max_backoff"])
+            kwargs["max_backoff_s"] = _number(own["max_backoff"], "max_backoff", float)
         return cls(urlunsplit(parts._replace(query=urlencode(query))), **kwargs)
 
     def describe(self) -> str:
@@ -111,8 +131,25 @@ class RedisKVStore(KVStore):
     def available(self) -> bool:
         return time.monotonic() >= self._down_until
 
-    def _call(self, operation: Callable[[redis.Redis], T]) -> T:
-        if not self.available:
+    def ping(self, timeout_s: float = 0.5) -> bool:
+        """Ask Redis now, whatever the backoff says, with its own short timeout; a failure
+        starts (or extends) the backoff, an answer ends it."""
+        if self._ping_client is None:
+            self._ping_client = redis.Redis.from_url(
+                self.url,
+                socket_connect_timeout=timeout_s,
+                socket_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),
+            )
+        try:
+            client = self._ping_client
+            self._call(lambda _r: client.ping(), check_backoff=False)
+        except (StoreUnavailable, redis.RedisError):
+            return False
+        return True
+
+    def _call(self, operation: Callable[[redis.Redis], T], *, check_backoff: bool = True) -> T:
+        if check_backoff and not self.available:
             raise StoreUnavailable(f"redis at {self.describe()} is unavailable (retrying later)")
         try:
             result = operation(self.client)
@@ -153,9 +190,10 @@ class RedisKVStore(KVStore):
                 int(manifest["bytes"]),
                 manifest["sha256"],
             )
+            if not (0 <= count <= min(size, _MAX_CHUNKS) and size >= 0):
+                raise ValueError("chunk count out of range")
         except (ValueError, KeyError, TypeError):
-            logger.warning("redis cache: unreadable manifest for %s; deleting", base)
-            self.delete(key)
+            self.reject(key, "manifest")
             return None
         names = self._chunk_keys(key, count)
         # decode_responses is off, so every value is bytes or None
@@ -166,8 +204,7 @@ class RedisKVStore(KVStore):
             return None
         payload = b"".join(chunks)
         if len(payload) != size or hashlib.sha256(payload).hexdigest() != digest:
-            logger.warning("redis cache: checksum mismatch for %s; deleting", base)
-            self.delete(key)
+            self.reject(key, "checksum")
             return None
         return payload
 
@@ -210,7 +247,7 @@ class RedisKVStore(KVStore):
             count = 0
             if raw is not None:
                 try:
-                    count = int(json.loads(raw)["chunks"])
+                    count = min(int(json.loads(raw)["chunks"]), _MAX_CHUNKS)
                 except (ValueError, KeyError, TypeError):
                     count = 0
             names = [f"{base}:manifest", *self._chunk_keys(key, count)]
@@ -296,3 +333,5 @@ class RedisKVStore(KVStore):
 
     def close(self) -> None:
         self.client.close()
+        if self._ping_client is not None:
+            self._ping_client.close()

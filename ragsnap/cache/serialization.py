@@ -81,6 +81,63 @@ def _check(meta: dict[str, str], kind: str, model_id: str, revision: str) -> Non
         raise StaleEntry("entry belongs to another model")
 
 
+def _model_dtype(meta: dict[str, str], expected: torch.dtype | None) -> torch.dtype:
+    """The entry's compute dtype; StaleEntry when it is not a float dtype or not ``expected``."""
+    try:
+        dtype = parse_dtype(meta.get("dtype"))
+    except ValueError as exc:
+        raise StaleEntry(str(exc)) from exc
+    if dtype is None or (expected is not None and dtype != expected):
+        raise StaleEntry(f"entry dtype {meta.get('dtype')!r} is not the model's ({expected})")
+    return dtype
+
+
+def _check_layers(
+    tensors: dict[str, torch.Tensor], meta: dict[str, str], length: int | None = None
+) -> int:
+    """Check every ``k.i``/``v.i`` pair: stored in ``storage_dtype``, ``[1, Hkv, n, D]``
+    with one ``Hkv`` and ``D`` for all layers (``n == length`` when given). Returns the
+    layer count. Raises StaleEntry."""
+    try:
+        storage = parse_dtype(meta.get("storage_dtype"))
+        count = int(meta["num_layers"])
+    except (KeyError, ValueError) as exc:
+        raise StaleEntry(f"bad layer metadata: {exc}") from exc
+    if not 0 < count <= 4096:
+        raise StaleEntry(f"implausible layer count {count}")
+    shape: tuple[int, int] | None = None
+    for i in range(count):
+        k, v = tensors.get(f"k.{i}"), tensors.get(f"v.{i}")
+        if k is None or v is None:
+            raise StaleEntry(f"layer {i} is missing")
+        if k.dtype != storage or v.dtype != storage:
+            raise StaleEntry(f"layer {i} is {k.dtype}/{v.dtype}, the entry says {storage}")
+        if k.dim() != 4 or k.shape[0] != 1 or k.shape[:3] != v.shape[:3]:
+            raise StaleEntry(f"layer {i} has shapes {tuple(k.shape)} / {tuple(v.shape)}")
+        if length is not None and k.shape[2] != length:
+            raise StaleEntry(f"layer {i} holds {k.shape[2]} positions, expected {length}")
+        heads = (int(k.shape[1]), int(k.shape[3]))
+        if shape is not None and heads != shape:
+            raise StaleEntry(f"layer {i} has {heads} heads/dims, layer 0 has {shape}")
+        shape = heads
+    return count
+
+
+def _check_kept(layer: CompressedLayer, original_length: int, j: int) -> None:
+    """Kept positions ``[1, Hkv, n]`` inside the prompt, one per kept key; bias ``[1, Hkv, n]``."""
+    idx, keys = layer.indices, layer.keys
+    if idx.dim() != 3 or tuple(idx.shape) != tuple(keys.shape[:3]):
+        raise StaleEntry(
+            f"kept layer {j}: positions {tuple(idx.shape)} for keys {tuple(keys.shape)}"
+        )
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= original_length):
+        raise StaleEntry(f"kept layer {j}: a position outside the prompt")
+    if layer.bias is not None and (
+        not layer.bias.is_floating_point() or tuple(layer.bias.shape) != tuple(idx.shape)
+    ):
+        raise StaleEntry(f"kept layer {j}: bias of shape {tuple(layer.bias.shape)}")
+
+
 def _load_tensors(payload: bytes) -> dict[str, torch.Tensor]:
     from safetensors.torch import load
 
@@ -188,20 +245,30 @@ def _share_once(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
 
 
 def deserialize_prefill(
-    payload: bytes, *, model_id: str, revision: str, device: torch.device | str = "cpu"
+    payload: bytes,
+    *,
+    model_id: str,
+    revision: str,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
 ) -> StoredPrefill:
-    """Rebuild a compressed entry on ``device``, in the dtype it was computed in.
+    """Rebuild a compressed entry on ``device``, in the dtype it was computed in (which
+    must be ``dtype`` when given).
 
-    Raises :class:`StaleEntry` when the payload is of another format version, kind or model.
+    Raises :class:`StaleEntry` when the payload is of another format version, kind or
+    model, or is not self-consistent (dtypes, shapes, kept positions, layer counts).
     """
     meta = read_metadata(payload)
     _check(meta, KIND_COMPRESSED, model_id, revision)
+    dtype = _model_dtype(meta, dtype)
     tensors = _load_tensors(payload)
-    for alias, name in json.loads(meta.get("aliases", "{}")).items():
-        if name in tensors:
-            tensors[alias] = tensors[name]
-    dtype = getattr(torch, meta["dtype"])
+    _check_layers(tensors, meta)
     try:
+        aliases = json.loads(meta.get("aliases", "{}"))
+        for alias, name in dict(aliases).items():
+            if name in tensors:
+                tensors[str(alias)] = tensors[name]
+        original_length = int(meta["original_length"])
         layers = [
             (tensors[f"k.{i}"].to(device, dtype), tensors[f"v.{i}"].to(device, dtype))
             for i in range(int(meta["num_layers"]))
@@ -223,15 +290,19 @@ def deserialize_prefill(
                 values=values,
                 bias=None if bias is None else bias.to(device),
             )
+            _check_kept(layer, original_length, j)
             if exact is not None:
                 layer.exact = exact.to(device)  # type: ignore[attr-defined]
             kept.append(layer)
+        logits = tensors["logits"]
+        if logits.dim() != 2 or logits.shape[0] != 1 or not logits.is_floating_point():
+            raise StaleEntry(f"logits of shape {tuple(logits.shape)}")
         return StoredPrefill(
             layers=layers,
             kept=kept,
             kept_layers=kept_layers,
-            next_logits=tensors["logits"].to(device),
-            original_length=int(meta["original_length"]),
+            next_logits=logits.to(device),
+            original_length=original_length,
             press_config=json.loads(meta["press_config"]),
             kv_bytes_full=int(meta["kv_bytes_full"]),
             decode_bias={
@@ -239,7 +310,7 @@ def deserialize_prefill(
                 for i in json.loads(meta.get("decode_bias_layers", "[]"))
             },
         )
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
         raise StaleEntry(f"incomplete entry: {exc}") from exc
 
 
@@ -278,21 +349,22 @@ def deserialize_prefix(
     revision: str,
     prefix_len: int,
     device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``(keys, values)`` per layer, ``[1, Hkv, prefix_len, D]``, on ``device``.
+    """``(keys, values)`` per layer, ``[1, Hkv, prefix_len, D]``, on ``device``, in the
+    entry's compute dtype (which must be ``dtype`` when given).
 
-    Raises :class:`StaleEntry` for another format version, model or prefix length.
+    Raises :class:`StaleEntry` for another format version, model or prefix length, or an
+    entry that is not self-consistent (dtypes, shapes).
     """
     meta = read_metadata(payload)
     _check(meta, KIND_PREFIX, model_id, revision)
-    if int(meta.get("prefix_len", -1)) != prefix_len:
+    if meta.get("prefix_len") != str(prefix_len):
         raise StaleEntry(f"prefix of {meta.get('prefix_len')} tokens, expected {prefix_len}")
+    dtype = _model_dtype(meta, dtype)
     tensors = _load_tensors(payload)
-    dtype = getattr(torch, meta["dtype"])
-    try:
-        return [
-            (tensors[f"k.{i}"].to(device, dtype), tensors[f"v.{i}"].to(device, dtype))
-            for i in range(int(meta["num_layers"]))
-        ]
-    except KeyError as exc:
-        raise StaleEntry(f"incomplete entry: {exc}") from exc
+    count = _check_layers(tensors, meta, length=prefix_len)
+    return [
+        (tensors[f"k.{i}"].to(device, dtype), tensors[f"v.{i}"].to(device, dtype))
+        for i in range(count)
+    ]

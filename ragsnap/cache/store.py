@@ -12,8 +12,10 @@ redis-py stays an optional dependency:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +27,10 @@ from urllib.parse import parse_qs
 from ragsnap.cache.single_flight import KeyedLocks
 from ragsnap.errors import ConfigError
 
+logger = logging.getLogger(__name__)
+
 CACHE_URL_ENV = "RAGSNAP_CACHE_URL"
+CACHE_KEY_ENV = "RAGSNAP_CACHE_KEY"
 DEFAULT_NAMESPACE = "default"
 _SAFE_NAMESPACE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -36,11 +41,12 @@ class StoreUnavailable(Exception):
 
 def namespace_label(namespace: str | None) -> str:
     """A namespace as it appears in storage keys and paths: itself when it is short and
-    plain, else a digest of it (an API key, say, never lands in a key or a file name)."""
+    plain, else a digest of it (an API key, say, never lands in a key or a file name).
+    A leading dot is never plain: names like ``.locks`` belong to the stores themselves."""
     import hashlib
 
     namespace = namespace or DEFAULT_NAMESPACE
-    if _SAFE_NAMESPACE.match(namespace) and namespace not in {".", ".."}:
+    if _SAFE_NAMESPACE.match(namespace) and not namespace.startswith("."):
         return namespace
     return "h-" + hashlib.sha256(namespace.encode("utf-8")).hexdigest()[:32]
 
@@ -70,6 +76,23 @@ class KVStore(ABC):
 
     def __init__(self) -> None:
         self._flights = KeyedLocks()
+        # entries found unusable and deleted, by reason (read by /metrics)
+        self.rejections: dict[str, int] = {}
+        self._rejections_lock = threading.Lock()
+
+    def reject(self, key: EntryKey, reason: str) -> None:
+        """Count ``key`` as unusable (damaged, tampered, unreadable) and delete it; never raises."""
+        logger.warning("cache entry %s rejected (%s); deleting it", key.digest[:12], reason)
+        with self._rejections_lock:
+            self.rejections[reason] = self.rejections.get(reason, 0) + 1
+        try:
+            self.delete(key)
+        except Exception as exc:  # a cache must never fail a request
+            logger.warning("cannot delete cache entry %s: %s", key.digest[:12], exc)
+
+    def ping(self, timeout_s: float = 0.5) -> bool:
+        """Whether the backend answers now (at most ``timeout_s``); local stores always do."""
+        return self.available
 
     @abstractmethod
     def get(self, key: EntryKey) -> bytes | None:
@@ -106,6 +129,10 @@ class KVStore(ABC):
     def describe(self) -> str:
         """The store's URL without credentials, for logs and reports."""
         return self.scheme
+
+    def public_name(self) -> str:
+        """What a response may say about the store: no credentials and no server paths."""
+        return self.describe()
 
     @contextmanager
     def exclusive(self, key: EntryKey, wait_s: float = 300.0) -> Iterator[None]:
@@ -168,14 +195,30 @@ def _query(url: str) -> tuple[str, dict[str, str]]:
     return base, {k: v[-1] for k, v in parse_qs(query).items()}
 
 
-def open_store(url: str | None = None) -> KVStore:
+def open_store(url: str | None = None, key: str | None = None) -> KVStore:
     """The store for ``url``: ``redis://``, ``rediss://``, ``unix://``, ``file://PATH`` or ``none``.
 
     ``None`` (or an empty string) means :func:`default_cache_url`. Query options:
     ``ttl`` (seconds, Redis), ``max_bytes`` (file store cap, accepts ``512MB``/``4GB``).
-    Never connects: an unreachable Redis shows up later as ``unavailable``.
-    Raises :class:`ConfigError` for a URL it cannot use.
+    ``key`` (default ``$RAGSNAP_CACHE_KEY``) encrypts and authenticates every entry
+    (:class:`~ragsnap.cache.sealed.SealedKVStore`). Never connects: an unreachable Redis
+    shows up later as ``unavailable``. Raises :class:`ConfigError` for a URL it cannot use.
     """
+    store = _open_backend(url)
+    secret = key if key is not None else os.environ.get(CACHE_KEY_ENV, "")
+    if not secret or not store.enabled:
+        return store
+    try:
+        from ragsnap.cache.sealed import SealedKVStore
+    except ImportError as exc:
+        raise ConfigError(
+            "a cache key needs the cryptography package: pip install cryptography",
+            field="cache_key",
+        ) from exc
+    return SealedKVStore(store, secret)
+
+
+def _open_backend(url: str | None) -> KVStore:
     url = (url or "").strip() or default_cache_url()
     scheme = url.split(":", 1)[0].lower() if ":" in url else url.lower()
     if scheme in {"none", "off", "disabled"}:
@@ -187,7 +230,10 @@ def open_store(url: str | None = None) -> KVStore:
             raise ConfigError(
                 "a redis:// cache needs redis-py: pip install 'ragsnap[redis]'", field="cache"
             ) from exc
-        return RedisKVStore.from_url(url)
+        try:
+            return RedisKVStore.from_url(url)
+        except ValueError as exc:  # a bad ttl=, chunk_bytes=, backoff= or redis-py option
+            raise ConfigError(f"bad cache URL option: {exc}", field="cache") from exc
     if scheme == "file":
         from ragsnap.cache.file_store import FileKVStore
 

@@ -104,7 +104,12 @@ class LayerProfile:
 @cache
 def _load_profile(path: str, mtime_ns: int) -> LayerProfile:
     """Parse a profile file once per version of it (presses read it for every layer)."""
-    return LayerProfile.from_json(Path(path).read_text(), origin=path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else exc.strerror
+        raise InputError(f"cannot read layer profile {path}: {reason}", field="profile") from None
+    return LayerProfile.from_json(text, origin=path)
 
 
 def _profiles_dir() -> Any:

@@ -10,6 +10,7 @@ same folder always gives the same ids.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from ragsnap.errors import InputError
 CORPUS_SUFFIXES = (".txt", ".md", ".jsonl")
 DEFAULT_MAX_WORDS = 160
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+
+logger = logging.getLogger(__name__)
 
 
 def split_passages(text: str, max_words: int = DEFAULT_MAX_WORDS) -> list[str]:
@@ -75,6 +78,8 @@ def _records(path: Path, relative: str) -> Iterator[tuple[str, str, str]]:
 def load_corpus(root: str | Path, max_words: int = DEFAULT_MAX_WORDS) -> list[Document]:
     """Every passage of every ``.txt``/``.md``/``.jsonl`` file under ``root``, in path order.
 
+    Files and folders reached through a symlink that leads out of ``root`` are skipped
+    (logged): a corpus folder never exposes other files of the server.
     Raises :class:`InputError` when ``root`` is not a folder, holds no passage, or two
     passages would share an id.
     """
@@ -83,9 +88,15 @@ def load_corpus(root: str | Path, max_words: int = DEFAULT_MAX_WORDS) -> list[Do
         raise InputError(f"corpus folder not found: {base}", field="corpus")
     passages: list[Document] = []
     seen: set[str] = set()
-    files = sorted(
-        p for p in base.rglob("*") if p.is_file() and p.suffix.lower() in CORPUS_SUFFIXES
-    )
+    inside = base.resolve()
+    files = []
+    for p in sorted(base.rglob("*")):
+        if not p.is_file() or p.suffix.lower() not in CORPUS_SUFFIXES:
+            continue
+        if not p.resolve().is_relative_to(inside):
+            logger.warning("corpus: %s leads out of the corpus folder; skipped", p)
+            continue
+        files.append(p)
     for path in files:
         relative = path.relative_to(base).as_posix()
         for source, title, text in _records(path, relative):
