@@ -9,7 +9,7 @@ each document's token span without offset mapping.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ragsnap.documents import Document
@@ -24,6 +24,8 @@ SYSTEM_INSTRUCTION = (
 _SENTINEL = "\u0000RAGSNAP_USER_CONTENT\u0000"
 # A document cut to fewer tokens than this is dropped instead of truncated.
 MIN_TRUNCATED_TOKENS = 32
+# no tokenizer of real text spends more characters than this on one token, whitespace runs aside
+MAX_CHARS_PER_TOKEN = 32
 
 
 @dataclass(frozen=True)
@@ -218,8 +220,16 @@ def assemble_prompt(
         if room < MIN_TRUNCATED_TOKENS:
             dropped.append(document.id)
             continue
-        piece = encode_user_text(tokenizer, format_document(len(kept) + 1, document))
-        if len(piece) > room:
+        # a document far longer than the room left is cut before tokenizing (a 50 MB text
+        # would otherwise take gigabytes); the first `room` tokens come out the same
+        limit = room * MAX_CHARS_PER_TOKEN
+        source = (
+            replace(document, text=document.text[:limit])
+            if len(document.text) > limit
+            else document
+        )
+        piece = encode_user_text(tokenizer, format_document(len(kept) + 1, source))
+        if len(piece) > room or source is not document:
             piece = piece[:room]
             truncated.append(document.id)
         spans.append((len(input_ids), len(input_ids) + len(piece)))

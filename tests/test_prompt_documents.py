@@ -179,3 +179,22 @@ def test_document_keep_shares_average_over_spans() -> None:
     assert document_keep_shares(rate, [(0, 2), (2, 5), (5, 5)]) == pytest.approx(
         [1.0, 0.5 / 3, 0.0]
     )
+
+
+def test_a_huge_document_is_cut_before_tokenizing(tokenizer, monkeypatch) -> None:
+    seen: list[int] = []
+    real = type(tokenizer).__call__
+
+    def counting(self, text, *args, **kwargs):
+        seen.append(len(text))
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "__call__", counting)
+    huge = Document(id="huge", title="t3", text=words(2, 200_000))  # ~1.2 MB of text
+    layout = assemble_prompt(tokenizer, "t5", [huge], max_prompt_tokens=300)
+    assert layout.truncated_doc_ids == ["huge"] and layout.num_tokens == 300
+    assert max(seen) < 300 * 40  # never the whole text
+    small = assemble_prompt(
+        tokenizer, "t5", [Document(id="s", text=words(2, 50))], max_prompt_tokens=300
+    )
+    assert small.truncated_doc_ids == []
