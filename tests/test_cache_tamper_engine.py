@@ -82,17 +82,17 @@ def test_tampered_entry_is_a_miss_deleted_and_the_answer_is_the_cold_one(
     ns = uuid.uuid4().hex[:12]
     eng = RagSnapEngine(engine.loaded, store=store, prefix_cache=False)
     cold = ask(eng, Q1, ns)
-    assert cold.stats["cache"] == "miss"
+    assert cold.stats.cache == "miss"
     entries = _raw_entries(store, ns)
     assert len(entries) == 1
     write, data = entries[0]
     write(forge(data))
     again = ask(eng, Q1, ns)
-    assert again.stats["cache"] == "miss"  # recomputed, not answered from the forgery
+    assert again.stats.cache == "miss"  # recomputed, not answered from the forgery
     assert again.answer == cold.answer
     assert sum(store.rejections.values()) == 1
     hit = ask(eng, Q1, ns)
-    assert hit.stats["cache"] == "hit"  # the recomputed entry replaced the forgery
+    assert hit.stats.cache == "hit"  # the recomputed entry replaced the forgery
     assert hit.answer == cold.answer
     store.close()
 
@@ -101,19 +101,19 @@ def test_a_miss_with_the_prefix_tier_counts_the_document_prefix_pass(engine, tmp
     """The prefix is prefilled in its own pass on a miss: its tokens and its time are part
     of ``prefill_tokens`` and ``prefill_s``."""
     eng = RagSnapEngine(engine.loaded, store=open_store(f"file://{tmp_path}"))
-    assert eng._cached is not None
+    assert eng.tiers is not None
     passes: list[float] = []
-    real = eng._cached._prefill_prefix
+    real = eng.runtime.prefill_full
 
-    def timed(prefix_ids):
+    def timed(prefix_ids, on_chunk=None):
         started = time.perf_counter()
         try:
-            return real(prefix_ids)
+            return real(prefix_ids, on_chunk)
         finally:
             passes.append(time.perf_counter() - started)
 
-    eng._cached._prefill_prefix = timed  # type: ignore[method-assign]
+    eng.runtime.prefill_full = timed  # type: ignore[method-assign]
     done = ask(eng, Q1, uuid.uuid4().hex[:12])
-    assert done.stats["cache"] == "miss" and len(passes) == 1
-    assert done.stats["prefill_tokens"] == done.stats["prompt_tokens"]
-    assert done.stats["prefill_s"] >= round(passes[0], 4) - 1e-4
+    assert done.stats.cache == "miss" and len(passes) == 1
+    assert done.stats.prefill_tokens == done.stats.prompt_tokens
+    assert done.stats.prefill_s >= round(passes[0], 4) - 1e-4

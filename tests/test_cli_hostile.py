@@ -37,7 +37,8 @@ def one_line_exit_2(argv: list[str], capsys) -> str:
     lines = capsys.readouterr().err.splitlines()
     # one error line, last; before it at most serve's "ragsnap: loading ..." progress line
     assert lines and lines[-1].startswith("ragsnap: error: "), lines
-    assert all(line.startswith("ragsnap: loading ") for line in lines[:-1]), lines
+    progress = ("ragsnap: loading ", "ragsnap: model ready")
+    assert all(line.startswith(progress) for line in lines[:-1]), lines
     return lines[-1]
 
 
