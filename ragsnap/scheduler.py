@@ -181,7 +181,12 @@ class Scheduler:
             self.prefilling = None
         request.emit(prepared.meta())
         key, self._next_key = self._next_key, self._next_key + 1
-        row = self.batch.add(key, prepared.prefill, request.options.generation)
+        row = self.batch.add(
+            key,
+            prepared.prefill,
+            request.options.generation,
+            logits_processor=self.engine.logits_processor(prepared),
+        )
         self._running[key] = _Running(request, prepared, row, TextStream(self.engine.tokenizer))
 
     def _decode_step(self) -> None:
