@@ -61,11 +61,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--limit", type=int, help="evaluate the first N items")
     parser.add_argument(
+        "--offset", type=int, default=0, help="skip the first N items (held-out calibration)"
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="seed for shuffling, padding and needles"
     )
     parser.add_argument(
         "--max-new-tokens", type=int, help="answer length cap (default 64; 16 for niah)"
     )
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", type=Path, required=True, help="output folder (resumable)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -113,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         presses=args.press,
         budgets=args.budget,
         limit=args.limit,
+        offset=args.offset,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         context_tokens=args.context_tokens,
@@ -127,6 +132,10 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
     )
     request.validate()  # bad input fails before the model loads
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     engine = RagSnapEngine.load(args.model, device=args.device)
     result = evaluate(engine, request)
     print(
@@ -143,4 +152,11 @@ def run(args: argparse.Namespace) -> int:
             f"  {run_['press']:>12} budget {str(run_['budget'] or 'all'):>5}  n={run_['n']:<4} "
             f"{score}agreement {m.get('agreement', 0):.3f}, KL {m.get('kl', 0):.4f}"
         )
+        cites = [
+            f"{name} {m[f'cite_{name}_f1']:.3f}"
+            for name in ("markers", "bm25_top2", "attention", "overlap", "combined")
+            if m.get(f"cite_{name}_f1") is not None
+        ]
+        if cites:
+            print("      citation F1: " + ", ".join(cites))
     return 0
