@@ -60,6 +60,20 @@ class CompressionIn(BaseModel):
         return self
 
 
+class CitationsIn(BaseModel):
+    """How the answer is cited (see ``ragsnap.citations``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["attribution", "markers"] = Field(
+        default="attribution", description="evidence-based attribution, or model markers only"
+    )
+    marker_control: bool = Field(default=True, description="only given numbers may follow '['")
+    inline_markers: bool = Field(
+        default=False, description="answer_with_markers: [n] after each supported sentence"
+    )
+
+
 class RetrievalFields(BaseModel):
     """Where the documents come from: given inline, or found by ``query`` in the corpus."""
 
@@ -78,6 +92,7 @@ class AnswerRequest(RetrievalFields):
 
     model_config = ConfigDict(extra="forbid")
 
+    citations: CitationsIn | None = None
     question: str = Field(min_length=1, max_length=1_000_000)
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float = Field(default=0.0, ge=0, le=2)
@@ -100,6 +115,7 @@ class AnswerResponse(BaseModel):
     citations: list[dict[str, Any]]
     meta: dict[str, Any]
     stats: dict[str, Any]
+    answer_with_markers: str | None = None
 
 
 class TextPart(BaseModel):

@@ -57,6 +57,7 @@ async def answer(
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
+        citations=body.citations,
     )
     log["stream"] = body.stream
     job = submit_job(services, question, documents, options, namespace, log)

@@ -116,7 +116,9 @@ def vocabulary_texts(tokenizer: Any) -> list[str]:
     ]
 
 
-def insert_markers(answer: str, spans: Sequence[tuple[int, int]], cited: Sequence[Sequence[int]]) -> str:
+def insert_markers(
+    answer: str, spans: Sequence[tuple[int, int]], cited: Sequence[Sequence[int]]
+) -> str:
     """``answer`` with `` [n]`` added after sentence ``i`` (``spans[i]`` = ``[start, end)``)
     for every number of ``cited[i]`` the sentence does not already carry."""
     out, at = [], 0

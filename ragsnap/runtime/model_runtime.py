@@ -121,6 +121,4 @@ class ModelRuntime:
     ) -> torch.Tensor:
         """Attention ``[n, L]`` of each answer token's query on the prompt positions the
         press kept (mean over heads and ``layers``; one pass, see ``runtime.answer_attention``)."""
-        return answer_attention(
-            self.model, self.cache_kwarg, self.windows, prefill, tokens, layers
-        )
+        return answer_attention(self.model, self.cache_kwarg, self.windows, prefill, tokens, layers)
