@@ -14,7 +14,12 @@ from ragsnap.cache.cached_prefill import CachedPrefill, CacheReport
 from ragsnap.cache.serialization import parse_dtype
 from ragsnap.cache.store import KVStore
 from ragsnap.citations import Citation, document_keep_shares, extract_citations
-from ragsnap.citations.attribution import answer_token_ends, attribute, gather_evidence
+from ragsnap.citations.attribution import (
+    answer_token_ends,
+    attribute,
+    default_attention_layers,
+    gather_evidence,
+)
 from ragsnap.citations.markers import MarkerConstraint, insert_markers, vocabulary_texts
 from ragsnap.citations.options import CitationOptions
 from ragsnap.citations.quotes import document_sentences
@@ -199,7 +204,8 @@ class RagSnapEngine:
         shares = document_keep_shares(keep_rate, layout.doc_spans)
         if options.mode == "markers" or not layout.documents:
             return extract_citations(answer, layout.documents, shares), None, 0.0
-        attention = self.runtime.answer_attention(prefill, tokens, options.attention_layers)
+        layers = options.attention_layers or default_attention_layers(len(self.runtime.windows))
+        attention = self.runtime.answer_attention(prefill, tokens, layers)
         doc_sentences = document_sentences(self.tokenizer, layout.documents, layout.doc_spans)
         evidence = gather_evidence(
             answer,

@@ -18,6 +18,7 @@ from ragsnap.citations.attribution import (
     AttributionWeights,
     Evidence,
     answer_token_ends,
+    default_attention_layers,
     gather_evidence,
     select_documents,
 )
@@ -74,7 +75,8 @@ def citation_methods(
     weights = weights or AttributionWeights()
     answer = engine.tokenizer.decode(list(tokens), skip_special_tokens=True)
     started = time.perf_counter()
-    attention = engine.runtime.answer_attention(prefill, list(tokens))
+    layers = default_attention_layers(len(engine.runtime.windows))
+    attention = engine.runtime.answer_attention(prefill, list(tokens), layers)
     doc_sentences = document_sentences(engine.tokenizer, layout.documents, layout.doc_spans)
     evidence = gather_evidence(
         answer,
@@ -100,4 +102,9 @@ def citation_methods(
         if correct is not None:
             right = set_scores(cited, gold)["precision"] if correct else None
             scores[f"cite_{name}_precision_right"] = right
-    return scores, {"methods": methods, "evidence": evidence.to_dict()}, seconds
+    detail = {
+        "methods": methods,
+        "evidence": evidence.to_dict(),
+        "doc_ids": [d.id for d in layout.documents],
+    }
+    return scores, detail, seconds
