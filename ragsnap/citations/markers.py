@@ -66,9 +66,11 @@ class MarkerConstraint:
         self._seen = 0
         self._tail = ""  # generated text since the last "[" or "]"
         self._open = False
-        # tokens that could continue a marker: digits, commas, spaces, then maybe "]..."
+        # tokens that could continue a marker: digits, commas, single spaces, then maybe "]..."
         self._candidates = [
-            i for i, t in enumerate(token_texts) if t and re.fullmatch(r"[\d,\s]*(\].*)?", t, re.S)
+            i
+            for i, t in enumerate(token_texts)
+            if t and re.fullmatch(r"(?:[\d,]| (?! ))*(\].*)?", t, re.S)
         ]
 
     def _advance(self, tokens: Sequence[int]) -> None:
