@@ -27,8 +27,10 @@ from ragsnap.prompt import PromptLayout
 from ragsnap.runtime.prefill import PrefillResult
 
 # one kind of evidence alone (thresholds calibrated like the combined weights; README)
-ATTENTION_ONLY = AttributionWeights(overlap=0.0, attention=1.0, question=0.0, threshold=0.9)
-OVERLAP_ONLY = AttributionWeights(overlap=1.0, attention=0.0, question=0.0, threshold=0.5)
+ATTENTION_ONLY = AttributionWeights(
+    overlap=0.0, attention=1.0, question=0.0, threshold=0.15, top_k=3
+)
+OVERLAP_ONLY = AttributionWeights(overlap=1.0, attention=0.0, question=0.0, threshold=0.1, top_k=3)
 
 
 def set_scores(cited: Sequence[str], gold: Sequence[str]) -> dict[str, float | None]:
