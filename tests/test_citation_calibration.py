@@ -50,3 +50,11 @@ def test_score_reports_each_method_and_precision_when_right(tmp_path: Path):
     assert out["combined"]["n_right_cited"] == 2
     assert out["markers"]["f1"] == 0.0 and out["markers"]["precision"] is None
     assert round(out["bm25_top2"]["f1"], 4) == round((2 / 3 + 0 + 2 / 3) / 3, 4)
+
+
+def test_a_document_cap_keeps_the_answers_best_scoring_documents():
+    record = _record("4", [[0.9, 0.6, 0.0], [0.0, 0.7, 0.8]], None, [0.0, 0.0, 0.0], ["b"])
+    loose = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=2)
+    capped = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=2, max_documents=2)
+    assert cited(record, loose) == [0, 1, 2]
+    assert cited(record, capped) == [0, 2]  # best scores: a 0.9, c 0.8, b 0.7

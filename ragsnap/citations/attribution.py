@@ -41,6 +41,7 @@ class AttributionWeights:
     question: float = 0.4
     threshold: float = 0.35
     top_k: int = 3
+    max_documents: int | None = None  # cap for the whole answer (its best-scoring documents)
 
     def score(self, overlap: float, attention: float | None, question: float) -> float:
         if attention is None:  # no attention evidence: overlap and question share its weight
@@ -189,13 +190,28 @@ def gather_evidence(
 def select_documents(
     evidence: Evidence, weights: AttributionWeights
 ) -> list[list[tuple[int, float]]]:
-    """Per answer sentence, the ``(doc, score)`` pairs that reach the threshold, best first."""
+    """Per answer sentence, the ``(doc, score)`` pairs that reach the threshold, best first
+    (at most ``top_k`` per sentence, and ``max_documents`` different ones in all)."""
+    return select_from_scores(evidence.scores(weights), weights)
+
+
+def select_from_scores(
+    scores: Sequence[Sequence[float]], weights: AttributionWeights
+) -> list[list[tuple[int, float]]]:
+    """:func:`select_documents` on a ``[S][D]`` score matrix."""
     out = []
-    for row in evidence.scores(weights):
+    for row in scores:
         ranked = sorted(
             ((d, v) for d, v in enumerate(row) if v >= weights.threshold), key=lambda x: -x[1]
         )
         out.append(ranked[: weights.top_k])
+    if weights.max_documents is not None:
+        best: dict[int, float] = {}
+        for picks in out:
+            for d, v in picks:
+                best[d] = max(best.get(d, 0.0), v)
+        keep = set(sorted(best, key=lambda d: -best[d])[: weights.max_documents])
+        out = [[(d, v) for d, v in picks if d in keep] for picks in out]
     return out
 
 

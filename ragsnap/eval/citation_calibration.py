@@ -21,10 +21,11 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from ragsnap.citations.attribution import AttributionWeights
+from ragsnap.citations.attribution import AttributionWeights, select_from_scores
 
 GRID = [round(0.1 * i, 1) for i in range(11)]
 THRESHOLDS = [round(0.05 * i, 2) for i in range(2, 20)]
+CAPS = (None, 2, 3, 4)  # documents per answer
 
 
 def load_records(
@@ -44,21 +45,22 @@ def load_records(
 
 
 def cited(record: dict[str, Any], weights: AttributionWeights) -> list[int]:
-    """Document indices ``weights`` cite for ``record`` (union over its sentences)."""
+    """Document indices ``weights`` cite for ``record`` (union over its sentences), the
+    same selection as :func:`ragsnap.citations.attribution.select_documents`."""
     ev = record["attribution"]["evidence"]
     attention = ev["attention"]
-    out: list[int] = []
-    for s, overlap in enumerate(ev["overlap"]):
-        row = [
+    scores = [
+        [
             weights.score(
                 overlap[d], None if attention is None else attention[s][d], ev["question"][d]
             )
             for d in range(len(ev["question"]))
         ]
-        ranked = sorted(
-            (d for d, v in enumerate(row) if v >= weights.threshold), key=lambda d: -row[d]
-        )
-        out += [d for d in ranked[: weights.top_k] if d not in out]
+        for s, overlap in enumerate(ev["overlap"])
+    ]
+    out: list[int] = []
+    for picks in select_from_scores(scores, weights):
+        out += [d for d, _ in picks if d not in out]
     return out
 
 
@@ -86,8 +88,10 @@ def fit(sets: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
         q = round(1.0 - o - a, 1)
         if q < 0:
             continue
-        for t, k in itertools.product(THRESHOLDS, (1, 2, 3)):
-            w = AttributionWeights(overlap=o, attention=a, question=q, threshold=t, top_k=k)
+        for t, k, m in itertools.product(THRESHOLDS, (1, 2, 3), CAPS):
+            w = AttributionWeights(
+                overlap=o, attention=a, question=q, threshold=t, top_k=k, max_documents=m
+            )
             score = mean_f1(sets, w)
             if score > best[0]:
                 best = (score, w)
