@@ -11,10 +11,11 @@ from typing import Any
 from fastapi import Request
 
 from api.errors import ApiError
-from api.schemas import CompressionIn, DocumentIn, RetrievalFields
+from api.schemas import CitationsIn, CompressionIn, DocumentIn, RetrievalFields
 from api.services import Services
 from api.settings import Settings
 from api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError
+from ragsnap.citations.options import CitationOptions
 from ragsnap.compression import DEFAULT_PRESS, make_press
 from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions
@@ -192,6 +193,7 @@ def answer_options(
     tokens_param: str = "max_new_tokens",
     stop: str | Sequence[str] | None = None,
     chat: ChatContext | None = None,
+    citations: CitationsIn | None = None,
 ) -> AnswerOptions:
     """Press and generation settings; a bad value is a 422 naming its field."""
     default = min(settings.default_max_new_tokens, settings.max_new_tokens_limit)
@@ -222,7 +224,15 @@ def answer_options(
     except ConfigError as exc:
         param = exc.field or "generation"
         raise ApiError(422, f"{param}: {exc.message}", param=param, code="invalid_value") from None
-    return AnswerOptions(press=press, generation=generation, chat=chat)
+    cite = citations or CitationsIn()
+    return AnswerOptions(
+        press=press,
+        generation=generation,
+        chat=chat,
+        citations=CitationOptions(
+            mode=cite.mode, marker_control=cite.marker_control, inline_markers=cite.inline_markers
+        ),
+    )
 
 
 def submit_job(
@@ -331,9 +341,13 @@ def event_payload(event: AnswerEvent) -> dict[str, Any]:
     if isinstance(event, TokenEvent):
         return {"text": event.text}
     if isinstance(event, CitationsEvent):
-        return {"citations": [c.to_dict() for c in event.citations]}
+        return {
+            "citations": [c.to_dict() for c in event.citations],
+            "answer_with_markers": event.answer_with_markers,
+        }
     return {
         "answer": event.answer,
+        "answer_with_markers": event.answer_with_markers,
         "citations": [c.to_dict() for c in event.citations],
         "stats": event.stats.to_dict(),
     }

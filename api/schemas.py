@@ -95,6 +95,20 @@ class CompressionIn(BaseModel):
         return self
 
 
+class CitationsIn(BaseModel):
+    """How the answer is cited (see ``ragsnap.citations``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["attribution", "markers"] = Field(
+        default="attribution", description="evidence-based attribution, or model markers only"
+    )
+    marker_control: bool = Field(default=True, description="only given numbers may follow '['")
+    inline_markers: bool = Field(
+        default=False, description="answer_with_markers: [n] after each supported sentence"
+    )
+
+
 class RetrievalFields(BaseModel):
     """Where the documents come from: given inline, or found by ``query`` in the corpus."""
 
@@ -122,13 +136,15 @@ StopIn = str | list[str] | None
 
 class AnswerRequest(RetrievalFields):
     """``POST /v1/answer``. ``instructions`` and ``history`` (a chat's own instructions and
-    earlier turns) go into the prompt before the question; ``stop`` cuts the answer."""
+    earlier turns) go into the prompt before the question; ``stop`` cuts the answer;
+    ``citations`` chooses how the answer is attributed to documents."""
 
     model_config = ConfigDict(extra="forbid")
 
     instructions: Text | None = Field(default=None, max_length=100_000)
     history: list[TurnIn] | None = Field(default=None, max_length=256)
     stop: StopIn = None
+    citations: CitationsIn | None = None
 
     question: Text = Field(min_length=1, max_length=1_000_000)
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -152,6 +168,7 @@ class AnswerResponse(BaseModel):
     citations: list[dict[str, Any]]
     meta: dict[str, Any]
     stats: dict[str, Any]
+    answer_with_markers: str | None = None
 
 
 class TextPart(BaseModel):

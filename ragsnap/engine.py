@@ -13,14 +13,23 @@ import torch
 from ragsnap.cache.cached_prefill import CachedPrefill, CacheReport
 from ragsnap.cache.serialization import parse_dtype
 from ragsnap.cache.store import KVStore
-from ragsnap.citations import document_keep_shares, extract_citations
+from ragsnap.citations import Citation, document_keep_shares, extract_citations
+from ragsnap.citations.attribution import (
+    answer_token_ends,
+    attribute,
+    default_attention_layers,
+    gather_evidence,
+)
+from ragsnap.citations.markers import MarkerConstraint, insert_markers, vocabulary_texts
+from ragsnap.citations.options import CitationOptions
+from ragsnap.citations.quotes import document_sentences
 from ragsnap.compression import Press, make_press
 from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.generation import GenerationConfig
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
 from ragsnap.prompt import ChatContext, PromptLayout, assemble_prompt
-from ragsnap.runtime.decode import DecodeRow
+from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
 from ragsnap.runtime.model_runtime import ModelRuntime
 from ragsnap.runtime.prefill import PrefillResult
 from ragsnap.stats import AnswerStats
@@ -36,6 +45,7 @@ class AnswerOptions:
     press: Press = field(default_factory=make_press)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     chat: ChatContext | None = None  # a chat's instructions and prior turns (prompt tail)
+    citations: CitationOptions = field(default_factory=CitationOptions)
 
 
 @dataclass
@@ -47,6 +57,7 @@ class PreparedAnswer:
     report: CacheReport
     options: AnswerOptions
     started: float
+    question: str = ""
 
     def meta(self) -> MetaEvent:
         return MetaEvent(
@@ -107,6 +118,7 @@ class RagSnapEngine:
         self.stop_ids = self.runtime.stop_ids
         self.store = store
         self.tiers: CachedPrefill | None = None
+        self._vocab_texts: list[str] | None = None
         if store is not None and store.enabled:
             dtype = parse_dtype(storage_dtype) if isinstance(storage_dtype, str) else storage_dtype
             self.tiers = CachedPrefill(
@@ -186,7 +198,58 @@ class RagSnapEngine:
             prefill, report = self.tiers.prefill(
                 layout, options.press, question, namespace, on_chunk
             )
-        return PreparedAnswer(layout, prefill, report, options, started)
+        return PreparedAnswer(layout, prefill, report, options, started, question)
+
+    def logits_processor(self, prepared: PreparedAnswer) -> LogitsProcessor | None:
+        """The per-row decode constraint of ``prepared`` (marker control), or None."""
+        if not prepared.options.citations.marker_control:
+            return None
+        if self._vocab_texts is None:
+            self._vocab_texts = vocabulary_texts(self.tokenizer)
+        return MarkerConstraint(self._vocab_texts, len(prepared.layout.documents))
+
+    def cite(
+        self, prepared: PreparedAnswer, tokens: list[int], question: str
+    ) -> tuple[list[Citation], str | None, float]:
+        """Citations of the answer ``tokens``, the answer with inline markers (when asked
+        for) and the seconds attribution took."""
+        started = time.perf_counter()
+        layout, prefill, options = prepared.layout, prepared.prefill, prepared.options.citations
+        answer = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        keep_rate = prefill.keep_rate()
+        shares = document_keep_shares(keep_rate, layout.doc_spans)
+        if options.mode == "markers" or not layout.documents:
+            return extract_citations(answer, layout.documents, shares), None, 0.0
+        layers = options.attention_layers or default_attention_layers(len(self.runtime.windows))
+        attention = self.runtime.answer_attention(prefill, tokens, layers)
+        doc_sentences = document_sentences(self.tokenizer, layout.documents, layout.doc_spans)
+        evidence = gather_evidence(
+            answer,
+            question,
+            layout.documents,
+            doc_sentences,
+            attention=attention,
+            token_ends=answer_token_ends(self.tokenizer, tokens),
+            doc_spans=layout.doc_spans,
+        )
+        citations = attribute(
+            answer,
+            layout.documents,
+            doc_sentences,
+            evidence,
+            options.weights,
+            keep_rate=keep_rate.tolist(),
+            doc_keep_shares=shares,
+        )
+        marked = None
+        if options.inline_markers:
+            per_sentence = [
+                [c.index for c in citations if s in c.sentences]
+                for s in range(len(evidence.sentences))
+            ]
+            spans = [(x.start, x.end) for x in evidence.sentences]
+            marked = insert_markers(answer, spans, per_sentence)
+        return citations, marked, time.perf_counter() - started
 
     def finish(
         self, prepared: PreparedAnswer, row: DecodeRow, ttft_s: float | None
@@ -196,8 +259,7 @@ class RagSnapEngine:
         if self.tiers is not None:
             self.tiers.finish(report)  # the document-prefix entry, after the last token
         answer = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
-        shares = document_keep_shares(prefill.keep_rate(), layout.doc_spans)
-        citations = extract_citations(answer, layout.documents, shares)
+        citations, marked, cite_s = self.cite(prepared, row.tokens, prepared.question)
         stats = AnswerStats(
             model=self.loaded.model_id,
             device=str(self.device),
@@ -215,6 +277,9 @@ class RagSnapEngine:
             ),
             decode_ms_per_token=round(1000 * row.decode_s / row.steps, 3) if row.steps else None,
             new_tokens=len(row.tokens),
+            decode_s=round(row.decode_s, 4),
+            citations_mode=prepared.options.citations.mode,
+            attribution_s=round(cite_s, 4),
             kv_bytes_full=prefill.kv_bytes_full,
             kv_bytes_kept=prefill.kv_bytes_kept,
             total_s=round(time.perf_counter() - prepared.started, 4),
@@ -226,8 +291,8 @@ class RagSnapEngine:
             dropped_doc_ids=layout.dropped_doc_ids,
             truncated_doc_ids=layout.truncated_doc_ids,
         )
-        return CitationsEvent(citations=citations), DoneEvent(
-            answer=answer, citations=citations, stats=stats
+        return CitationsEvent(citations=citations, answer_with_markers=marked), DoneEvent(
+            answer=answer, citations=citations, stats=stats, answer_with_markers=marked
         )
 
     # -- one answer on its own ----------------------------------------------------------
@@ -250,7 +315,9 @@ class RagSnapEngine:
         yield prepared.meta()
         batch = self.runtime.decode_batch()
         stop = (lambda _tokens: should_stop()) if should_stop is not None else None
-        row = batch.add(0, prepared.prefill, options.generation, stop)
+        row = batch.add(
+            0, prepared.prefill, options.generation, stop, self.logits_processor(prepared)
+        )
         text = TextStream(self.tokenizer)
         ttft: float | None = None
         for out in batch.run():

@@ -31,7 +31,12 @@ class TokenEvent:
 
 @dataclass
 class CitationsEvent:
+    """Sent after the last token. ``answer_with_markers`` is the answer with ``[n]`` after
+    each supported sentence when inline markers were asked for (the streamed tokens are
+    always the model's own text), else None."""
+
     citations: list[Citation]
+    answer_with_markers: str | None = None
     type: str = "citations"
 
 
@@ -42,6 +47,7 @@ class DoneEvent:
     answer: str
     citations: list[Citation]
     stats: AnswerStats
+    answer_with_markers: str | None = None
     type: str = "done"
 
 

@@ -183,7 +183,13 @@ class Scheduler:
         key, self._next_key = self._next_key, self._next_key + 1
         # a request may end its row early (stop strings matched in the text it emitted)
         stop = getattr(request, "should_stop", None)
-        row = self.batch.add(key, prepared.prefill, request.options.generation, stop)
+        row = self.batch.add(
+            key,
+            prepared.prefill,
+            request.options.generation,
+            stop,
+            logits_processor=self.engine.logits_processor(prepared),
+        )
         self._running[key] = _Running(request, prepared, row, TextStream(self.engine.tokenizer))
 
     def _decode_step(self) -> None:

@@ -29,6 +29,9 @@ class AnswerStats:
     ttft_s: float
     decode_ms_per_token: float | None
     new_tokens: int
+    decode_s: float
+    citations_mode: str  # how citations were found (see ragsnap.citations.CitationOptions)
+    attribution_s: float  # seconds spent attributing the answer to documents
     kv_bytes_full: int
     kv_bytes_kept: int
     total_s: float

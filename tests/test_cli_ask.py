@@ -80,7 +80,17 @@ def test_ask_json_from_the_console_script(docs) -> None:
     assert set(payload) >= {"answer", "citations", "stats"}
     assert payload["answer"].strip()
     for citation in payload["citations"]:
-        assert set(citation) == {"index", "doc_id", "title", "kept_share"}
+        assert set(citation) == {
+            "index",
+            "doc_id",
+            "title",
+            "kept_share",
+            "score",
+            "source",
+            "supported",
+            "sentences",
+            "quotes",
+        }
         assert citation["doc_id"] in {"tides", "bees"}
     stats = payload["stats"]
     required = {

@@ -164,12 +164,16 @@ def test_extract_citations_maps_to_documents_and_drops_unknown_numbers() -> None
         (2, "b", "Bees", 0.25),
         (1, "t", "Tides", 0.5),
     ]
-    assert citations[0].to_dict() == {
+    as_dict = citations[0].to_dict()
+    # the original keys keep their values; evidence fields are added (none for markers only)
+    assert {k: as_dict[k] for k in ("index", "doc_id", "title", "kept_share")} == {
         "index": 2,
         "doc_id": "b",
         "title": "Bees",
         "kept_share": 0.25,
     }
+    assert as_dict["source"] == "marker" and as_dict["supported"] is None
+    assert as_dict["quotes"] == [] and as_dict["score"] is None
     assert extract_citations("[1]", docs)[0].kept_share is None
     assert extract_citations("no markers", docs) == []
 

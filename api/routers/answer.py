@@ -72,6 +72,7 @@ async def answer(
             [Turn(t.role, t.content) for t in body.history or []],
             settings,
         ),
+        citations=body.citations,
     )
     log["stream"] = body.stream
     job = submit_job(services, question, documents, options, namespace, log)

@@ -45,6 +45,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of streaming"
     )
+    group = parser.add_argument_group("citations")
+    group.add_argument(
+        "--citations",
+        choices=("attribution", "markers"),
+        default="attribution",
+        help="attribution (evidence from overlap and attention; default) or model markers only",
+    )
+    group.add_argument(
+        "--marker-control",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="while decoding, only numbers of given documents may follow '['",
+    )
+    group.add_argument(
+        "--inline-markers",
+        action="store_true",
+        help="also print the answer with [n] after each supported sentence",
+    )
     add_press_options(parser)
     add_generation_options(parser)
     add_model_options(parser)
@@ -53,13 +71,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ragsnap.citations.options import CitationOptions
     from ragsnap.engine import AnswerOptions, RagSnapEngine
     from ragsnap.events import DoneEvent, MetaEvent, TokenEvent
 
     if not args.question.strip():
         raise InputError("--question is empty", field="question")
     documents = gather_documents(args)
-    options = AnswerOptions(press=press_from_args(args), generation=generation_from_args(args))
+    citations = CitationOptions(
+        mode=args.citations,
+        marker_control=args.marker_control,
+        inline_markers=args.inline_markers,
+    )
+    options = AnswerOptions(
+        press=press_from_args(args), generation=generation_from_args(args), citations=citations
+    )
     store = open_store_from_args(args)
     with loading_model(args.model, args.device):
         engine = RagSnapEngine.load(
@@ -79,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         payload = {
             "answer": done.answer,
             "citations": [c.to_dict() for c in done.citations],
+            "answer_with_markers": done.answer_with_markers,
             "stats": done.stats.to_dict(),
         }
         print(json.dumps(payload, indent=2))
@@ -114,10 +141,17 @@ def gather_documents(args: argparse.Namespace) -> list:  # type: ignore[type-arg
 def print_summary(done: DoneEvent) -> None:
     stats = done.stats
     print("---")
+    if done.answer_with_markers:
+        print(f"with markers: {done.answer_with_markers}")
     if done.citations:
         for c in done.citations:
             kept = "" if c.kept_share is None else f" ({c.kept_share:.0%} of its tokens kept)"
-            print(f"[{c.index}] {c.title or c.doc_id}{kept}")
+            flag = " UNSUPPORTED (model marker without evidence)" if c.supported is False else ""
+            score = "" if c.score is None else f", score {c.score:.2f}"
+            print(f"[{c.index}] {c.title or c.doc_id}{kept}{score}{flag}")
+            for q in c.quotes:
+                share = "" if q.kept_share is None else f", {q.kept_share:.0%} kept"
+                print(f'    "{q.text}" (chars {q.start}-{q.end}{share})')
     else:
         print("no citations")
     full, kv_kept = stats.kv_bytes_full, stats.kv_bytes_kept

@@ -62,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--limit", type=int, help="evaluate the first N items")
     parser.add_argument(
+        "--offset", type=int, default=0, help="skip the first N items (held-out calibration)"
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="seed for shuffling, padding and needles"
     )
     parser.add_argument(
@@ -121,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         presses=args.press,
         budgets=args.budget,
         limit=args.limit,
+        offset=args.offset,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         context_tokens=args.context_tokens,
@@ -153,4 +157,11 @@ def run(args: argparse.Namespace) -> int:
             f"  {run_['press']:>12} budget {str(run_['budget'] or 'all'):>5}  n={run_['n']:<4} "
             f"{score}agreement {m.get('agreement', 0):.3f}, KL {m.get('kl', 0):.4f}"
         )
+        cites = [
+            f"{name} {m[f'cite_{name}_f1']:.3f}"
+            for name in ("markers", "bm25_top2", "attention", "overlap", "combined")
+            if m.get(f"cite_{name}_f1") is not None
+        ]
+        if cites:
+            print("      citation F1: " + ", ".join(cites))
     return 0

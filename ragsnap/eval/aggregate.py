@@ -47,7 +47,15 @@ RETAINED = (
     "citation_precision",
     "citation_recall",
 )
-TIMINGS = ("prefill_s", "compress_s", "decode_s", "decode_ms_per_token", "fidelity_s")
+TIMINGS = (
+    "prefill_s",
+    "compress_s",
+    "decode_s",
+    "decode_ms_per_token",
+    "fidelity_s",
+    "attribution_s",
+    "attribution_share",
+)
 
 
 def _mean(values: Sequence[Any]) -> float | None:
@@ -58,7 +66,8 @@ def _mean(values: Sequence[Any]) -> float | None:
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Metrics of one press x budget over ``records`` (scalars only; absent when undefined)."""
     metrics: dict[str, Any] = {}
-    for key in MEAN_SCORES:
+    cite_keys = sorted({k for r in records for k in r["scores"] if k.startswith("cite_")})
+    for key in (*MEAN_SCORES, *cite_keys):
         value = _mean([r["scores"].get(key) for r in records])
         if value is not None:
             metrics[key] = value

@@ -39,6 +39,7 @@ class EvalRequest:
     presses: list[str] = field(default_factory=lambda: ["full", "snapkv"])
     budgets: list[int] = field(default_factory=lambda: [128, 256, 512])
     limit: int | None = None
+    offset: int = 0
     seed: int = 0
     max_new_tokens: int | None = None
     context_tokens: int | None = None
@@ -197,7 +198,8 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
     grid = press_grid(request.presses, request.budgets)
     check_settings(out, request.settings(engine.loaded.model_id))
     loaded = load_request_items(engine, request)
-    items = loaded.items[: request.limit] if request.limit else loaded.items
+    rest = loaded.items[request.offset :]
+    items = rest[: request.limit] if request.limit else rest
     store = PredictionStore(out)
     fmt = request.resolved_format
     outcome = run_items(

@@ -22,6 +22,7 @@ from typing import Any
 from ragsnap.citations import extract_citations
 from ragsnap.compression import Press, make_press
 from ragsnap.errors import ConfigError, RagSnapError
+from ragsnap.eval.citation_eval import citation_methods
 from ragsnap.eval.fidelity import fidelities, full_reference
 from ragsnap.eval.items import EvalItem, Malformed
 from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_answer
@@ -183,6 +184,10 @@ def evaluate_item(
         citations = extract_citations(answer, layout.documents)
         scores = score_answer(item.type, answer, item.answers, item.answer_groups)
         scores.update(citation_scores([c.doc_id for c in citations], gold))
+        cite_scores, cite_detail, attribution_s = citation_methods(
+            engine, layout, item.question, result, out.tokens, gold, scores.get("accuracy")
+        )
+        scores.update(cite_scores)
         scores["agreement"] = float(normalize(answer) == normalize(full_answer))
         scores["kl"], scores["nll_gap"] = out.fidelity["kl"], out.fidelity["nll_gap"]
         scores["gold_kept_share"] = kept_share(keep_rate, gold_spans)
@@ -203,6 +208,7 @@ def evaluate_item(
                 "full_answer": full_answer,
                 "gold_answers": item.answers or [g[0] for g in item.answer_groups],
                 "citations": [c.doc_id for c in citations],
+                "attribution": cite_detail,
                 "gold_doc_ids": gold,
                 "scores": scores,
                 "fidelity_tokens": out.fidelity["fidelity_tokens"],
@@ -216,6 +222,10 @@ def evaluate_item(
                     "decode_batch": out.batch,
                     "new_tokens": len(out.tokens),
                     "fidelity_s": round(out.fidelity_s, 4),
+                    "attribution_s": round(attribution_s, 4),
+                    "attribution_share": round(attribution_s / out.decode_s, 4)
+                    if out.decode_s
+                    else None,
                     "kv_bytes_full": result.kv_bytes_full,
                     "kv_bytes_kept": result.kv_bytes_kept,
                     "reused_full": out.batch == 0,

@@ -13,7 +13,7 @@ live in a context variable, so threads never see each other's masks.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -42,6 +42,11 @@ _ACTIVE_MASKS: ContextVar[Mapping[int, StepMask] | None] = ContextVar(
 PREFIX = "ragsnap_"
 # below this share of real keys in the padded batch, rows attend one at a time
 RAGGED_SHARE = 0.6
+# (layer index, attention probabilities [B, Hq, q, kv]) -> None; set only by observe_attention
+AttentionObserver = Callable[[int, torch.Tensor], None]
+_OBSERVER: ContextVar[AttentionObserver | None] = ContextVar(
+    "ragsnap_attention_observer", default=None
+)
 
 
 @contextmanager
@@ -52,6 +57,42 @@ def step_masks(masks: Mapping[int, StepMask] | None) -> Iterator[None]:
         yield
     finally:
         _ACTIVE_MASKS.reset(token)
+
+
+@contextmanager
+def observe_attention(observer: AttentionObserver) -> Iterator[None]:
+    """Hand every masked layer's attention probabilities to ``observer`` (this thread only).
+
+    Only the runtime's batched passes (those under :func:`step_masks`) are observed; the
+    probabilities are recomputed from the same query, keys and mask, in float32.
+    """
+    token = _OBSERVER.set(observer)
+    try:
+        yield
+    finally:
+        _OBSERVER.reset(token)
+
+
+def attention_probs(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, scaling: float | None = None
+) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) in float32.
+
+    Parameters
+    ----------
+    query : ``[B, Hq, q, D]``; key : ``[B, Hkv, kv, D]``; mask : ``[B, Hkv or 1, q, kv]``.
+
+    Returns
+    -------
+    ``[B, Hq, q, kv]`` probabilities (each query head uses its KV group's keys and mask row).
+    """
+    group = query.shape[1] // key.shape[1]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    keys = key.float().repeat_interleave(group, dim=1)
+    logits = query.float() @ keys.transpose(-1, -2) * scale
+    if mask.shape[1] > 1:
+        mask = mask.repeat_interleave(group, dim=1)
+    return (logits + mask.float()).softmax(dim=-1)
 
 
 def masked_sdpa(
@@ -140,6 +181,9 @@ def install_runtime_attention(model: Any) -> str:
                     dropout=dropout,
                     **kwargs,
                 )
+            observer = _OBSERVER.get()
+            if observer is not None:
+                observer(module.layer_idx, attention_probs(query, key, mask.mask, scaling))
             return masked_sdpa(query, key, value, mask.mask, scaling, mask.widths), None
 
         AttentionInterface.register(name, forward)

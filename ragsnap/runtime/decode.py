@@ -19,6 +19,9 @@ from ragsnap.generation import GenerationConfig, TokenSampler
 from ragsnap.runtime.forward import BatchedKV, forward_rows
 from ragsnap.runtime.prefill import PrefillResult
 
+# (the row's tokens so far, its next-token logits [1, V]) -> logits to sample from
+LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
+
 
 @dataclass
 class DecodeRow:
@@ -26,6 +29,7 @@ class DecodeRow:
 
     ``next_logits`` (``[1, V]``) predict the row's next token; ``decode_s`` adds up the
     model steps this row took part in (its per-token latency, shared with its batch).
+    ``logits_processor`` (optional) rewrites the row's logits before its sampler picks.
     """
 
     key: Hashable
@@ -33,6 +37,7 @@ class DecodeRow:
     sampler: TokenSampler
     next_logits: torch.Tensor
     should_stop: Callable[[list[int]], bool] | None = None
+    logits_processor: LogitsProcessor | None = None
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     decode_s: float = 0.0
@@ -70,8 +75,12 @@ class DecodeBatch:
         prefill: PrefillResult,
         generation: GenerationConfig,
         should_stop: Callable[[list[int]], bool] | None = None,
+        logits_processor: LogitsProcessor | None = None,
     ) -> DecodeRow:
         """A new row decoding from ``prefill``; it takes part from the next step on.
+
+        ``logits_processor(tokens, logits)`` runs on the row's logits before each pick
+        (e.g. a constraint that masks tokens with ``-inf``); it sees only its own row.
 
         The prefill's cache is copied into the batch, so ``prefill`` stays reusable.
         """
@@ -82,6 +91,7 @@ class DecodeBatch:
             sampler=TokenSampler(generation, device),
             next_logits=prefill.next_logits,
             should_stop=should_stop,
+            logits_processor=logits_processor,
         )
         self.kv.add(
             prefill.layers,
@@ -105,7 +115,10 @@ class DecodeBatch:
             if row.key in self._cancelled:
                 row.finish_reason = "cancelled"
             else:
-                token = row.sampler(row.next_logits)
+                logits = row.next_logits
+                if row.logits_processor is not None:
+                    logits = row.logits_processor(row.tokens, logits)
+                token = row.sampler(logits)
                 if token in self.stop_ids:
                     token, row.finish_reason = None, "stop"
                 else:

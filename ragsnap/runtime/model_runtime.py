@@ -12,6 +12,7 @@ from ragsnap.compression.words import word_starts
 from ragsnap.generation import GenerationConfig, stop_token_ids
 from ragsnap.models import LoadedModel
 from ragsnap.runtime import prefill as _prefill
+from ragsnap.runtime.answer_attention import answer_attention
 from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.decode import DecodeBatch
 from ragsnap.runtime.forward import sliding_windows
@@ -121,3 +122,10 @@ class ModelRuntime:
     ) -> torch.Tensor:
         """Log-probs ``[k, n, V]`` of each prefill's cache along ``tokens`` (one pass)."""
         return teacher_force(self.model, self.cache_kwarg, self.windows, prefills, tokens)
+
+    def answer_attention(
+        self, prefill: PrefillResult, tokens: Sequence[int], layers: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """Attention ``[n, L]`` of each answer token's query on the prompt positions the
+        press kept (mean over heads and ``layers``; one pass, see ``runtime.answer_attention``)."""
+        return answer_attention(self.model, self.cache_kwarg, self.windows, prefill, tokens, layers)

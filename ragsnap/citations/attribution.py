@@ -1,0 +1,305 @@
+"""Post-hoc attribution: which documents support each sentence of an answer.
+
+Two kinds of evidence, per (answer sentence, document):
+
+- overlap: the IDF-weighted share of the sentence's content words (and bigrams) that the
+  document's best sentence contains (``citations.overlap``);
+- attention: the share of the attention the sentence's tokens pay to the document's kept
+  positions, over all documents, divided by the best document's share (so 1 = the most
+  attended document), aggregated over the layers and heads the runtime recomputed.
+
+plus a question prior (BM25-like relevance of the document to the question). The score is
+a weighted sum; a document is cited for a sentence when its score reaches ``threshold``
+(at most ``top_k`` per sentence). The weights and threshold are calibrated on held-out
+items (``ragsnap.eval.citation_calibration``; README, "Citations").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ragsnap.citations.markers import marker_numbers_in
+from ragsnap.citations.model import Citation, Quote
+from ragsnap.citations.overlap import SentenceIndex, question_relevance
+from ragsnap.citations.quotes import DocumentSentence, span_keep_share
+from ragsnap.citations.sentences import Sentence, content_words, split_sentences
+from ragsnap.documents import Document
+
+
+@dataclass(frozen=True)
+class AttributionWeights:
+    """How evidence combines into a citation. The defaults were fitted on held-out items
+    (12 HotpotQA + 12 BioASQ factoid, default press at budget 256, embedded model;
+    ``python -m ragsnap.eval.citation_calibration fit``, README "Citations")."""
+
+    overlap: float = 0.3
+    attention: float = 0.3
+    question: float = 0.4
+    threshold: float = 0.35
+    top_k: int = 3
+    max_documents: int | None = None  # cap for the whole answer (its best-scoring documents)
+
+    def score(self, overlap: float, attention: float | None, question: float) -> float:
+        if attention is None:  # no attention evidence: overlap and question share its weight
+            rest = self.overlap + self.question
+            if rest <= 0:
+                return 0.0
+            total = self.overlap + self.question + self.attention
+            return total * (self.overlap * overlap + self.question * question) / rest
+        return self.overlap * overlap + self.attention * attention + self.question * question
+
+
+@dataclass
+class Evidence:
+    """The evidence matrices of one answer over ``D`` documents and ``S`` answer sentences.
+
+    ``overlap[s][d]``, ``attention[s][d]`` (None without attention) and ``question[d]`` are
+    in [0, 1]; ``quote[s][d]`` is the index (into ``doc_sentences[d]``) of the document
+    sentence that supports sentence ``s`` best, or -1.
+    """
+
+    sentences: list[Sentence]
+    overlap: list[list[float]]
+    attention: list[list[float]] | None
+    question: list[float]
+    quote: list[list[int]]
+    quote_score: list[list[float]]
+
+    def scores(self, weights: AttributionWeights) -> list[list[float]]:
+        """``[S][D]`` combined scores."""
+        return [
+            [
+                weights.score(
+                    self.overlap[s][d],
+                    None if self.attention is None else self.attention[s][d],
+                    self.question[d],
+                )
+                for d in range(len(self.question))
+            ]
+            for s in range(len(self.sentences))
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Rounded matrices (what eval stores to calibrate the weights offline)."""
+        r = lambda rows: [[round(v, 4) for v in row] for row in rows]  # noqa: E731
+        return {
+            "overlap": r(self.overlap),
+            "attention": None if self.attention is None else r(self.attention),
+            "question": [round(v, 4) for v in self.question],
+        }
+
+
+def answer_token_ends(tokenizer: Any, tokens: Sequence[int]) -> list[int]:
+    """Character offset in the decoded answer where each token's text ends."""
+    return [
+        len(tokenizer.decode(tokens[: j + 1], skip_special_tokens=True)) for j in range(len(tokens))
+    ]
+
+
+def sentence_attention(
+    attention: torch.Tensor,
+    token_ends: Sequence[int],
+    sentences: Sequence[Sentence],
+    doc_spans: Sequence[tuple[int, int]],
+) -> tuple[list[list[float]], list[torch.Tensor]]:
+    """Relative attention of each sentence on each document, and its per-position mass.
+
+    ``attention`` is ``[n, L]`` (query of token ``j`` on prompt position); a sentence uses
+    the queries that produced its tokens (token ``j`` came from query ``j - 1``), summed.
+    A document's evidence is its peak: the largest summed mass on one of its positions
+    (copying attends sharply to the copied token; a long document's diffuse mass is not
+    evidence). Returns ``[S][D]`` peaks divided by the best document's, and per sentence
+    the ``[L]`` mass.
+    """
+    rel: list[list[float]] = []
+    masses: list[torch.Tensor] = []
+    for sentence in sentences:
+        produced = [
+            j for j, end in enumerate(token_ends) if sentence.start < end <= sentence.end + 1
+        ]
+        queries = sorted({max(j - 1, 0) for j in produced}) or [0]
+        if attention.shape[0]:
+            mass = attention[[q for q in queries if q < attention.shape[0]] or [0]].sum(dim=0)
+        else:
+            mass = torch.zeros(attention.shape[1])
+        peaks = [float(mass[s:e].max()) if e > s else 0.0 for s, e in doc_spans]
+        best = max(peaks, default=0.0)
+        rel.append([v / best if best > 0 else 0.0 for v in peaks])
+        masses.append(mass)
+    return rel, masses
+
+
+def default_attention_layers(num_layers: int) -> tuple[int, ...]:
+    """The layers whose attention is evidence: the upper-middle of the stack, from half
+    to five sixths of the depth (layers 15-24 of 30 on the embedded model; chosen on
+    held-out HotpotQA items, README "Citations"). The pass stops after the last one."""
+    return tuple(range(num_layers // 2, max(num_layers // 2 + 1, (5 * num_layers) // 6)))
+
+
+def gather_evidence(
+    answer: str,
+    question: str,
+    documents: Sequence[Document],
+    doc_sentences: Sequence[Sequence[DocumentSentence]],
+    *,
+    attention: torch.Tensor | None = None,
+    token_ends: Sequence[int] = (),
+    doc_spans: Sequence[tuple[int, int]] = (),
+) -> Evidence:
+    """Overlap (and, with ``attention`` ``[n, L]``, attention) evidence for ``answer``."""
+    sentences = [
+        s for s in split_sentences(answer) if content_words(s.text) or attention is not None
+    ]
+    flat = [ds for doc in doc_sentences for ds in doc]
+    index = SentenceIndex([ds.sentence.text for ds in flat])
+    owner = [ds.doc for ds in flat]
+    attn_rel: list[list[float]] | None = None
+    masses: list[torch.Tensor] = []
+    if attention is not None:
+        attn_rel, masses = sentence_attention(attention, token_ends, sentences, doc_spans)
+    overlap, quote, quote_score = [], [], []
+    for s, sentence in enumerate(sentences):
+        best = [0.0] * len(documents)
+        pick, pick_score = [-1] * len(documents), [-1.0] * len(documents)
+        for k, ds in enumerate(flat):
+            d = owner[k]
+            value = index.overlap(sentence.text, k)
+            best[d] = max(best[d], value)
+            if ds.sentence.start < 0:  # a title supports overlap but is no quote
+                continue
+            here = value
+            if masses:
+                lo, hi = ds.tokens
+                doc_lo, doc_hi = doc_spans[d]
+                doc_mass = float(masses[s][doc_lo:doc_hi].sum())
+                here += float(masses[s][lo:hi].sum()) / doc_mass if doc_mass > 0 else 0.0
+            local = doc_sentences[d].index(ds)
+            if here > pick_score[d]:
+                pick[d], pick_score[d] = local, here
+        overlap.append(best)
+        quote.append(pick)
+        quote_score.append(pick_score)
+    relevance = question_relevance(question, [f"{d.title}\n{d.text}" for d in documents])
+    return Evidence(sentences, overlap, attn_rel, relevance, quote, quote_score)
+
+
+def select_documents(
+    evidence: Evidence, weights: AttributionWeights
+) -> list[list[tuple[int, float]]]:
+    """Per answer sentence, the ``(doc, score)`` pairs that reach the threshold, best first
+    (at most ``top_k`` per sentence, and ``max_documents`` different ones in all)."""
+    return select_from_scores(evidence.scores(weights), weights)
+
+
+def select_from_scores(
+    scores: Sequence[Sequence[float]], weights: AttributionWeights
+) -> list[list[tuple[int, float]]]:
+    """:func:`select_documents` on a ``[S][D]`` score matrix."""
+    out = []
+    for row in scores:
+        ranked = sorted(
+            ((d, v) for d, v in enumerate(row) if v >= weights.threshold), key=lambda x: -x[1]
+        )
+        out.append(ranked[: weights.top_k])
+    if weights.max_documents is not None:
+        best: dict[int, float] = {}
+        for picks in out:
+            for d, v in picks:
+                best[d] = max(best.get(d, 0.0), v)
+        keep = set(sorted(best, key=lambda d: -best[d])[: weights.max_documents])
+        out = [[(d, v) for d, v in picks if d in keep] for picks in out]
+    return out
+
+
+def attribute(
+    answer: str,
+    documents: Sequence[Document],
+    doc_sentences: Sequence[Sequence[DocumentSentence]],
+    evidence: Evidence,
+    weights: AttributionWeights,
+    *,
+    keep_rate: Sequence[float] | None = None,
+    doc_keep_shares: Sequence[float] | None = None,
+) -> list[Citation]:
+    """Citations of ``answer``: documents the evidence selects and those the model marked.
+
+    A model-written marker is kept (``source`` ``marker``, or ``marker+attribution`` when
+    the evidence selects it too) with ``supported`` saying whether the evidence backs it;
+    numbers outside ``1..len(documents)`` are dropped. Ordered by first supported sentence.
+    """
+    scores = evidence.scores(weights)
+    chosen = select_documents(evidence, weights)
+    marked: dict[int, list[int]] = {}
+    for s, sentence in enumerate(evidence.sentences):
+        for number in marker_numbers_in(sentence.text):
+            if 1 <= number <= len(documents):
+                marked.setdefault(number - 1, []).append(s)
+    for number in marker_numbers_in(answer):  # markers outside any kept sentence
+        if 1 <= number <= len(documents):
+            marked.setdefault(number - 1, [])
+    order: list[int] = []
+    support: dict[int, list[int]] = {}
+    for s, picks in enumerate(chosen):
+        for d, _ in picks:
+            support.setdefault(d, []).append(s)
+            if d not in order:
+                order.append(d)
+    order += [d for d in marked if d not in order]
+    citations = []
+    for d in order:
+        sents = support.get(d, [])
+        best = max((scores[s][d] for s in range(len(scores))), default=0.0)
+        quotes = _quotes(
+            d, sents or marked.get(d, []), evidence, doc_sentences, documents, keep_rate
+        )
+        source = "attribution" if d not in marked else ("marker+attribution" if sents else "marker")
+        doc = documents[d]
+        citations.append(
+            Citation(
+                index=d + 1,
+                doc_id=doc.id,
+                title=doc.title,
+                kept_share=None if doc_keep_shares is None else round(doc_keep_shares[d], 4),
+                score=round(best, 4),
+                source=source,
+                supported=bool(sents) or best >= weights.threshold,
+                sentences=tuple(sents),
+                quotes=quotes,
+            )
+        )
+    return citations
+
+
+def _quotes(
+    d: int,
+    sentences: Sequence[int],
+    evidence: Evidence,
+    doc_sentences: Sequence[Sequence[DocumentSentence]],
+    documents: Sequence[Document],
+    keep_rate: Sequence[float] | None,
+) -> tuple[Quote, ...]:
+    """The document sentences that best support ``sentences`` of the answer, best first."""
+    picked: dict[int, float] = {}
+    for s in sentences:
+        k = evidence.quote[s][d]
+        if k >= 0:
+            picked[k] = max(picked.get(k, 0.0), evidence.quote_score[s][d])
+    text = documents[d].text
+    out = []
+    for k, score in sorted(picked.items(), key=lambda x: -x[1]):
+        ds = doc_sentences[d][k]
+        start, end = ds.sentence.start, ds.sentence.end
+        out.append(
+            Quote(
+                text=text[start:end],
+                start=start,
+                end=end,
+                score=round(min(score / (2.0 if evidence.attention is not None else 1.0), 1.0), 4),
+                kept_share=span_keep_share(keep_rate, ds.tokens),
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,176 @@
+"""Calibrating how attribution evidence combines, on held-out eval records.
+
+``ragsnap eval`` stores each record's evidence matrices (``attribution.evidence``: overlap
+and attention ``[S][D]``, question ``[D]``). A grid search picks the weights, threshold and
+per-sentence cap that maximize the mean citation F1 against the gold documents, averaged
+over the data sets given (so no set dominates); each kind of evidence alone gets its own
+threshold too. ``score`` applies weights to other records (the evaluated items).
+
+    python -m ragsnap.eval.citation_calibration fit runs/heldout_a runs/heldout_b
+    python -m ragsnap.eval.citation_calibration score --weights W.json runs/test_a
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from ragsnap.citations.attribution import AttributionWeights, select_from_scores
+
+GRID = [round(0.1 * i, 1) for i in range(11)]
+THRESHOLDS = [round(0.05 * i, 2) for i in range(2, 20)]
+CAPS = (None, 2, 3, 4)  # documents per answer
+
+
+def load_records(
+    folder: Path, press: str = "ragsnap", budget: int | None = 256
+) -> list[dict[str, Any]]:
+    """Records of ``press`` at ``budget`` with stored evidence (one per item, last wins)."""
+    found: dict[str, dict[str, Any]] = {}
+    for line in (folder / "predictions.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if (
+            record["press"] == press
+            and record.get("budget") == budget
+            and record.get("attribution")
+        ):
+            found[record["item_id"]] = record
+    return list(found.values())
+
+
+def cited(record: dict[str, Any], weights: AttributionWeights) -> list[int]:
+    """Document indices ``weights`` cite for ``record`` (union over its sentences), the
+    same selection as :func:`ragsnap.citations.attribution.select_documents`."""
+    ev = record["attribution"]["evidence"]
+    attention = ev["attention"]
+    scores = [
+        [
+            weights.score(
+                overlap[d], None if attention is None else attention[s][d], ev["question"][d]
+            )
+            for d in range(len(ev["question"]))
+        ]
+        for s, overlap in enumerate(ev["overlap"])
+    ]
+    out: list[int] = []
+    for picks in select_from_scores(scores, weights):
+        out += [d for d, _ in picks if d not in out]
+    return out
+
+
+def f1(record: dict[str, Any], weights: AttributionWeights) -> float | None:
+    gold = set(record["gold_doc_ids"])
+    if not gold:
+        return None
+    ids = record["attribution"]["doc_ids"]
+    chosen = {ids[d] for d in cited(record, weights)}
+    return 2 * len(chosen & gold) / (len(chosen) + len(gold))
+
+
+def mean_f1(sets: Sequence[Sequence[dict[str, Any]]], weights: AttributionWeights) -> float:
+    per_set = []
+    for records in sets:
+        values = [v for r in records if (v := f1(r, weights)) is not None]
+        per_set.append(fmean(values) if values else 0.0)
+    return fmean(per_set)
+
+
+def fit(sets: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """Best combined weights, and the best threshold for each kind of evidence alone."""
+    best: tuple[float, AttributionWeights] = (-1.0, AttributionWeights())
+    for o, a in itertools.product(GRID, GRID):
+        q = round(1.0 - o - a, 1)
+        if q < 0:
+            continue
+        for t, k, m in itertools.product(THRESHOLDS, (1, 2, 3), CAPS):
+            w = AttributionWeights(
+                overlap=o, attention=a, question=q, threshold=t, top_k=k, max_documents=m
+            )
+            score = mean_f1(sets, w)
+            if score > best[0]:
+                best = (score, w)
+    alone = {}
+    for name, base in (("attention", (0.0, 1.0, 0.0)), ("overlap", (1.0, 0.0, 0.0))):
+        options = [
+            AttributionWeights(*base, threshold=t, top_k=k)
+            for t, k in itertools.product(THRESHOLDS, (1, 2, 3))
+        ]
+        score, w = max(((mean_f1(sets, w), w) for w in options), key=lambda x: x[0])
+        alone[name] = {"f1": round(score, 4), "weights": asdict(w)}
+    return {"combined": {"f1": round(best[0], 4), "weights": asdict(best[1])}, "alone": alone}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ragsnap.eval.citation_calibration")
+    parser.add_argument("action", choices=("fit", "score"))
+    parser.add_argument("folders", nargs="+", type=Path)
+    parser.add_argument("--weights", type=Path, help="score: a fit's JSON output")
+    parser.add_argument("--press", default="ragsnap")
+    parser.add_argument("--budget", type=int, default=256)
+    args = parser.parse_args(argv)
+    sets = [load_records(f, args.press, args.budget) for f in args.folders]
+    if args.action == "fit":
+        print(json.dumps({"n": [len(s) for s in sets], **fit(sets)}, indent=2))
+        return 0
+    fitted = json.loads(args.weights.read_text()) if args.weights else {}
+    methods = {"combined": AttributionWeights(**fitted.get("combined", {}).get("weights", {}))}
+    for name, entry in fitted.get("alone", {}).items():
+        methods[name] = AttributionWeights(**entry["weights"])
+    for folder, records in zip(args.folders, sets, strict=True):
+        print(json.dumps({"data": str(folder), "n": len(records), **score(records, methods)}))
+    return 0
+
+
+def _set_f1(chosen: set[str], gold: set[str]) -> tuple[float, float | None]:
+    """(F1, precision or None when nothing was chosen)."""
+    hits = len(chosen & gold)
+    return 2 * hits / (len(chosen) + len(gold)), (hits / len(chosen) if chosen else None)
+
+
+def score(
+    records: Sequence[dict[str, Any]], methods: dict[str, AttributionWeights]
+) -> dict[str, Any]:
+    """Mean citation F1 and precision (all items, and items answered right) per method:
+    the stored baselines (``markers``, ``bm25_top2``) and ``methods`` applied to the evidence."""
+    rows: dict[str, list[tuple[float, float | None, float | None]]] = {}
+    for record in records:
+        gold = set(record["gold_doc_ids"])
+        if not gold:
+            continue
+        ids = record["attribution"]["doc_ids"]
+        right = record["scores"].get("accuracy")
+        chosen = {
+            "markers": set(record["attribution"]["methods"]["markers"]),
+            "bm25_top2": set(record["attribution"]["methods"]["bm25_top2"]),
+        }
+        for name, weights in methods.items():
+            chosen[name] = {ids[d] for d in cited(record, weights)}
+        for name, docs in chosen.items():
+            f, p = _set_f1(docs, gold)
+            rows.setdefault(name, []).append((f, p, right))
+    out: dict[str, Any] = {}
+    for name, values in rows.items():
+        precisions = [p for _, p, _ in values if p is not None]
+        right_p = [p for _, p, r in values if p is not None and r]
+        out[name] = {
+            "f1": round(fmean(f for f, _, _ in values), 4),
+            "precision": round(fmean(precisions), 4) if precisions else None,
+            "precision_when_right": round(fmean(right_p), 4) if right_p else None,
+            "n_right_cited": len(right_p),
+        }
+    out["accuracy"] = (
+        round(fmean(float(r["scores"].get("accuracy") or 0) for r in records), 4)
+        if records
+        else None
+    )
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
