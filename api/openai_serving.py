@@ -27,6 +27,7 @@ from api.schemas import ChatCompletionRequest, DocumentIn
 from api.services import Services
 from api.settings import Settings
 from ragsnap.citations import Citation, cited_indices
+from ragsnap.citations.sentences import split_sentences
 from ragsnap.conversation import ChatMessageText, ParsedChat, parse_messages
 from ragsnap.documents import Document
 from ragsnap.errors import InputError
@@ -136,9 +137,11 @@ def chat_documents(
 
 
 def citation_annotations(answer: str, citations: Sequence[Citation]) -> list[dict[str, Any]]:
-    """One ``url_citation`` per ``[n]`` marker of a cited document, with its offsets."""
+    """One ``url_citation`` per ``[n]`` marker of a cited document, with its offsets, and
+    for a document cited by attribution alone, one per answer sentence it supports."""
     by_index = {c.index: c for c in citations}
     out: list[dict[str, Any]] = []
+    marked: set[int] = set()
     start = 0
     while (open_at := answer.find("[", start)) >= 0:
         close = answer.find("]", open_at)
@@ -146,20 +149,30 @@ def citation_annotations(answer: str, citations: Sequence[Citation]) -> list[dic
             break
         for number in cited_indices(answer[open_at : close + 1]):
             if number in by_index:
-                citation = by_index[number]
-                out.append(
-                    {
-                        "type": "url_citation",
-                        "url_citation": {
-                            "start_index": open_at,
-                            "end_index": close + 1,
-                            "title": citation.title or citation.doc_id,
-                            "url": f"ragsnap:doc/{citation.doc_id}",
-                        },
-                    }
-                )
+                marked.add(number)
+                out.append(_url_citation(by_index[number], open_at, close + 1))
         start = close + 1
+    sentences = split_sentences(answer)
+    for citation in citations:
+        if citation.index not in marked:
+            out += [
+                _url_citation(citation, sentences[i].start, sentences[i].end)
+                for i in citation.sentences
+                if i < len(sentences)
+            ]
     return out
+
+
+def _url_citation(citation: Citation, start: int, end: int) -> dict[str, Any]:
+    return {
+        "type": "url_citation",
+        "url_citation": {
+            "start_index": start,
+            "end_index": end,
+            "title": citation.title or citation.doc_id,
+            "url": f"ragsnap:doc/{citation.doc_id}",
+        },
+    }
 
 
 def citation_logprobs(citations: list[dict[str, Any]]) -> dict[str, Any]:

@@ -74,7 +74,9 @@ def stats_of(**fields) -> AnswerStats:
     base = dict.fromkeys(("model", "device", "press"), "x") | {"press_config": {}, "budget": None}
     numbers = ("prompt_tokens", "kept_tokens", "prefill_tokens", "prefill_s", "compress_s")
     numbers += ("ttft_s", "new_tokens", "kv_bytes_full", "kv_bytes_kept", "total_s")
+    numbers += ("decode_s", "attribution_s")
     base |= dict.fromkeys(numbers, 0) | {"kept_tokens_per_layer": [], "decode_ms_per_token": None}
+    base |= {"citations_mode": "attribution"}
     return AnswerStats(**(base | fields))
 
 
