@@ -27,3 +27,16 @@ def test_bench_batch_reports_throughput_bytes_and_gaps(tiny, capsys) -> None:
 def test_bench_batch_refuses_bad_concurrency(tiny, capsys) -> None:
     assert main(["bench", "batch", "--concurrency", "two"]) == 2
     assert "--concurrency" in capsys.readouterr().err
+
+
+def test_bench_load_compares_the_serial_and_the_batched_worker(tiny, capsys) -> None:
+    tiny.stop_ids.clear()  # random weights: every answer runs to its length
+    args = ["bench", "load", "--compare-max-batch", "1,3", "--clients", "3", "--requests", "1"]
+    args += ["--context", "120", "--max-new-tokens", "5", "--repeat", "0", "--warm"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["runs"]) == {"1", "3"}
+    for run in report["runs"].values():
+        assert run["answered"] == 3 and run["zero_5xx"]
+        assert run["cache"] == {"hit": 3}  # --warm: the timed run finds every prompt stored
+    assert report["ratio_to_first"]["1"]["answers_per_s"] == 1.0
