@@ -38,7 +38,7 @@ def api_schema(engine):
         max_prompt_tokens=300,
         max_new_tokens_limit=2,
         default_max_new_tokens=2,
-        max_body_bytes=16_384,
+        max_body_bytes=4_000_000,  # invalid bodies reach validation (a 413 would come first)
         max_queue=64,
     )
     with running_server(create_app(limits, engine=engine)) as base:
