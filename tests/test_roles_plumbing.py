@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ragsnap.cache.store import open_store
+from ragsnap.cache import open_store
 from ragsnap.compression import make_press
 from ragsnap.compression.base import CompressedLayer, LayerContext
 from ragsnap.compression.roles import TokenRole

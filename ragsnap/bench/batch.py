@@ -66,7 +66,9 @@ def token_gaps(
     """Gaps between decode steps of ``rows``, idle and while ``prompt`` prefills in chunks."""
     batch = engine.runtime.decode_batch(stop_ids=set())
     for i, p in enumerate(rows):
-        batch.add(i, p, GenerationConfig(max_new_tokens=100_000))
+        # enough for the idle steps and one step per chunk of every prefill below
+        longest = steps + 4 + sum(len(prompt) // chunk + 2 for chunk in chunks)
+        batch.add(i, p, GenerationConfig(max_new_tokens=longest))
     stamps: list[float] = []
 
     def step() -> None:

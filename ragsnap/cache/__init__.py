@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ragsnap.cache.factory import default_cache_url, open_store
 from ragsnap.cache.store import (
     CACHE_URL_ENV,
     DEFAULT_NAMESPACE,
@@ -9,8 +10,6 @@ from ragsnap.cache.store import (
     KVStore,
     NullKVStore,
     StoreUnavailable,
-    default_cache_url,
-    open_store,
 )
 
 __all__ = [

@@ -19,6 +19,9 @@ from ragsnap.generation import GenerationConfig, TokenSampler
 from ragsnap.runtime.forward import BatchedKV, forward_rows
 from ragsnap.runtime.prefill import PrefillResult
 
+# spare cache entries a new row reserves per layer; a longer answer grows its buffers
+RESERVE_TOKENS = 256
+
 # (the row's tokens so far, its next-token logits [1, V]) -> logits to sample from
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 
@@ -97,7 +100,7 @@ class DecodeBatch:
             prefill.layers,
             prefill.original_length,
             prefill.bias,
-            reserve=generation.max_new_tokens,
+            reserve=min(generation.max_new_tokens, RESERVE_TOKENS),
         )
         self.rows.append(row)
         return row
