@@ -10,7 +10,7 @@ bytes the rows hold at the end (peak).
 largest concurrency's compressed rows decoding, a new ``--context`` prompt prefills in
 chunks of each size with a decode step between chunks (as the scheduler does); reported
 are the p50/p95 gaps between tokens during that prefill against the gaps with nothing
-prefilling.
+prefilling, and the prefill's wall time (the new request's first token, steps included).
 """
 
 from __future__ import annotations
@@ -83,7 +83,9 @@ def token_gaps(
         stamps.clear()
         step()
         engine.runtime.chunk = chunk
+        began = time.perf_counter()
         engine.runtime.prefill(prompt, press, on_chunk=step)
+        prefill_s = time.perf_counter() - began  # includes the decode steps between chunks
         step()
         during = _quantiles([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
         out.append(
@@ -92,6 +94,7 @@ def token_gaps(
                 "rows": len(rows),
                 "idle": idle,
                 "while_prefilling": during,
+                "prefill_s": round(prefill_s, 2),
                 "p95_ratio": round(during["p95_ms"] / idle["p95_ms"], 2),
             }
         )
