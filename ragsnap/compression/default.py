@@ -110,12 +110,11 @@ def ragsnap_roles_press(
     Profiled layer budgets and word-completed SnapKV scores rank the tokens inside each
     role; Attention Matching refits what is kept. On prose this is ``ragsnap``'s selection.
     """
-    snap = LayerBudgetSnapKVPress(
-        budget=budget, ratio=ratio, window=window, kernel=kernel, pooling=pooling, profile=profile
+    default = ragsnap_press(
+        budget, ratio, window, kernel, pooling, max_word_tokens, ridge, mass_iterations, profile
     )
-    spans = SpanCompletionPress(base=snap, max_word_tokens=max_word_tokens)
     roles = RoleBudgetPress(
-        base=spans,
+        base=default.base,
         value_share=value_share,
         delim_share=delim_share,
         other_share=other_share,

@@ -108,6 +108,12 @@ def load_needles(path: Path) -> list[Needle]:
     return needles
 
 
+def item_rng(seed: int, item_id: str) -> random.Random:
+    """A generator of its own per item, so an item is the same whatever else is generated."""
+    digest = hashlib.sha256(f"{seed}:{item_id}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
 def _random_needle(rng: random.Random) -> Needle:
     key = f"{rng.choice(_ADJECTIVES)}-{rng.choice(_NOUNS)}"
     return Needle(key=key, value=str(rng.randint(1_000_000, 9_999_999)))
@@ -263,8 +269,7 @@ def build_needles(
         for depth in depths:
             for length in lengths:
                 item_id = f"niah-L{length}-d{depth:g}-s{sample}"
-                digest = hashlib.sha256(f"{seed}:{item_id}".encode()).digest()
-                rng = random.Random(int.from_bytes(digest[:8], "big"))
+                rng = item_rng(seed, item_id)
                 needle = given[rng.randrange(len(given))] if given else _random_needle(rng)
                 start = rng.randrange(len(haystack))
                 try:

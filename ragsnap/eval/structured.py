@@ -14,7 +14,6 @@ context size around the asked pair.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import random
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from typing import Any
 from ragsnap.documents import Document
 from ragsnap.errors import InputError
 from ragsnap.eval.items import EvalItem, LoadedItems, Malformed
-from ragsnap.eval.niah import _ADJECTIVES, _NOUNS
+from ragsnap.eval.niah import _ADJECTIVES, _NOUNS, item_rng
 from ragsnap.prompt import assemble_prompt
 
 STRUCTURES = ("nested-json", "compact-json", "xml", "table")
@@ -170,8 +169,7 @@ def build_structured(
         for structure in chosen:
             for length in lengths:
                 item_id = f"struct-{structure}-L{length}-s{sample}"
-                digest = hashlib.sha256(f"{seed}:{item_id}".encode()).digest()
-                rng = random.Random(int.from_bytes(digest[:8], "big"))
+                rng = item_rng(seed, item_id)
                 pool = _records(rng, max(8, length))  # each record takes at least one token
                 try:
                     item = _fit(structure, pool, rng, tokenizer, length, answer_prefix)
