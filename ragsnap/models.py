@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ragsnap import converted_weights
 from ragsnap.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,30 @@ def column_major_linears(model: torch.nn.Module) -> None:
         for module in model.modules():
             if isinstance(module, torch.nn.Linear) and module.weight.is_contiguous():
                 module.weight.data = module.weight.data.t().contiguous().t()
+
+
+def _from_pretrained(source: str, gguf_file: str | None, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """The model and tokenizer of a folder, hub id or (with ``gguf_file``) GGUF file."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    revision = {"revision": kwargs["revision"]} if "revision" in kwargs else {}
+    tokenizer = AutoTokenizer.from_pretrained(source, **extra, **revision)
+    # the GGUF dequantization progress bar (plain tqdm on stderr) would swamp the output
+    verbose = logger.isEnabledFor(logging.INFO)
+    with contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO()):
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs, **extra)
+    return model, tokenizer
+
+
+def _load_converted(folder: Path | None, kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+    """A GGUF's weights as converted by an earlier start, or ``None`` when they fail to load."""
+    assert folder is not None
+    try:
+        return _from_pretrained(str(folder), None, kwargs)
+    except Exception:  # a damaged folder: the caller converts the GGUF again
+        converted_weights.discard(folder)
+        return None
 
 
 def embedded_model_path() -> Path:
@@ -108,10 +133,9 @@ def load_model(
     """Load ``name``: ``embedded``, a Hugging Face id, a local directory or a ``.gguf`` path.
 
     GGUF weights are dequantized to float32 (transformers does not run quantized GGUF).
+    The converted weights are kept for later starts (:mod:`ragsnap.converted_weights`).
     Raises :class:`ModelLoadError` with the reason when the model cannot be loaded.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     target = resolve_device(device)
     attn = attn_implementation or default_attention(target)
     gguf_file: str | None = None
@@ -127,33 +151,31 @@ def load_model(
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {name}")
         source, gguf_file, model_id = str(path.parent), path.name, path.name
-    if gguf_file is not None:
+    gguf = Path(source) / gguf_file if gguf_file else None
+    if gguf is not None:
         torch_dtype: Any = torch.float32
     elif dtype is None:
         torch_dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
     else:
         torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn}
-    if gguf_file:
-        kwargs["gguf_file"] = gguf_file
     if revision:
         kwargs["revision"] = revision
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            source,
-            **({"gguf_file": gguf_file} if gguf_file else {}),
-            **({"revision": revision} if revision else {}),
-        )
-        # the GGUF dequantization progress bar (plain tqdm on stderr) would swamp the output
-        verbose = logger.isEnabledFor(logging.INFO)
-        with contextlib.nullcontext() if verbose else contextlib.redirect_stderr(io.StringIO()):
-            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-        model.to(target).eval()  # type: ignore[arg-type]
-    except Exception as exc:  # a truncated GGUF raises anything from struct to numpy errors
-        first_line = (
-            str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        )
-        raise ModelLoadError(f"cannot load model {name!r}: {first_line[:300]}") from exc
+    converted = converted_weights.converted_folder(gguf) if gguf is not None else None
+    loaded = (
+        _load_converted(converted, kwargs) if converted_weights.is_complete(converted) else None
+    )
+    if loaded is None:
+        try:
+            loaded = _from_pretrained(source, gguf_file, kwargs)
+        except Exception as exc:  # a truncated GGUF raises anything from struct to numpy errors
+            text = str(exc).strip()
+            first_line = text.splitlines()[0] if text else exc.__class__.__name__
+            raise ModelLoadError(f"cannot load model {name!r}: {first_line[:300]}") from exc
+        if gguf is not None and converted is not None:
+            converted_weights.save_converted(*loaded, gguf, converted)
+    model, tokenizer = loaded
+    model.to(target).eval()
     if target.type == "cpu":
         column_major_linears(model)
     commit = getattr(model.config, "_commit_hash", None)

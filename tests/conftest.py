@@ -52,15 +52,22 @@ def redis_factory():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _private_kv_cache(tmp_path_factory):
-    """Point the default KV store (``ragsnap ask`` without ``--cache``) at a temporary
-    directory, so test runs neither read nor fill the user's own cache."""
+def _private_caches(tmp_path_factory):
+    """Point the default KV store (``ragsnap ask`` without ``--cache``) and the converted
+    model weights at temporary directories, so test runs neither read nor fill the user's
+    own caches (the weights are converted once per run; later loads, subprocesses
+    included, read them from there)."""
     import os
 
-    previous = os.environ.get("RAGSNAP_CACHE_URL")
-    os.environ["RAGSNAP_CACHE_URL"] = f"file://{tmp_path_factory.mktemp('kv-cache')}"
+    private = {
+        "RAGSNAP_CACHE_URL": f"file://{tmp_path_factory.mktemp('kv-cache')}",
+        "RAGSNAP_MODEL_CACHE": str(tmp_path_factory.mktemp("model-cache")),
+    }
+    previous = {name: os.environ.get(name) for name in private}
+    os.environ.update(private)
     yield
-    if previous is None:
-        os.environ.pop("RAGSNAP_CACHE_URL", None)
-    else:
-        os.environ["RAGSNAP_CACHE_URL"] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
