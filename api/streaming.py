@@ -1,4 +1,9 @@
-"""Streaming a job to the client: Server-Sent Events, and cancellation when the client leaves."""
+"""Streaming a job to the client: Server-Sent Events, and cancellation when the client leaves.
+
+sse-starlette writes the events and a ``: ping`` comment every ``PING_S`` seconds while
+nothing else is sent, so proxies and clients with read timeouts keep a stream open through
+a long prefill (a 4K-token prompt takes tens of seconds on a CPU before its first token).
+"""
 
 from __future__ import annotations
 
@@ -6,27 +11,26 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.responses import StreamingResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
 from api.answering import record_job
 from api.worker import AnswerJob
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+PING_S = 15.0
 
 
-def sse(data: Any, event: str | None = None) -> str:
+def sse(data: Any, event: str | None = None) -> ServerSentEvent:
     """One Server-Sent Event: optional ``event:`` line, one ``data:`` line of JSON (or text)."""
     payload = (
         data
         if isinstance(data, str)
         else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     )
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n"
+    return ServerSentEvent(payload, event=event, sep="\n")
 
 
-class JobStreamingResponse(StreamingResponse):
+class JobStreamingResponse(EventSourceResponse):
     """A ``text/event-stream`` response fed by ``job``.
 
     Starlette cancels the body when the client disconnects; whatever ends the response,
@@ -34,14 +38,16 @@ class JobStreamingResponse(StreamingResponse):
     current decode step, and the outcome goes into the request's log line.
     """
 
-    def __init__(self, job: AnswerJob, content: AsyncIterator[str], log: dict[str, Any]) -> None:
+    def __init__(
+        self, job: AnswerJob, content: AsyncIterator[ServerSentEvent], log: dict[str, Any]
+    ) -> None:
         self.job = job
         self.log = log
         self.completed = False
         self._content = content
-        super().__init__(self._body(), media_type="text/event-stream", headers=SSE_HEADERS)
+        super().__init__(self._body(), ping=PING_S, sep="\n")
 
-    async def _body(self) -> AsyncIterator[str]:
+    async def _body(self) -> AsyncIterator[ServerSentEvent]:
         async for chunk in self._content:
             yield chunk
         self.completed = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
+from sse_starlette import ServerSentEvent
 
 from api.answering import (
     answer_options,
@@ -28,7 +29,7 @@ from ragsnap.prompt import Turn
 router = APIRouter(tags=["answer"])
 
 
-async def answer_events(job: AnswerJob) -> AsyncIterator[str]:
+async def answer_events(job: AnswerJob) -> AsyncIterator[ServerSentEvent]:
     """``meta``, ``token``..., ``citations``, ``done``; or ``error`` and the end of the stream."""
     async for item in job.stream():
         if isinstance(item, JobFailure):

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
+from sse_starlette import ServerSentEvent
 
 from api.answering import (
     answer_options,
@@ -65,14 +66,14 @@ async def list_models(services: ServicesDep, settings: SettingsDep) -> dict[str,
 
 async def completion_chunks(
     job: AnswerJob, base: dict[str, Any], include_usage: bool, sources: bool
-) -> AsyncIterator[str]:
+) -> AsyncIterator[ServerSentEvent]:
     """Role chunk, one content chunk per token event, a final chunk with ``finish_reason``,
     ``citations`` (also as ``annotations`` and in ``logprobs``) and ``ragsnap`` stats; the
     usage-only chunk when asked for; then ``[DONE]``. A failure is an ``error`` chunk."""
 
     def chunk(
         delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, **extra: Any
-    ) -> str:
+    ) -> ServerSentEvent:
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return sse({**base, "choices": [choice], **extra})
 
