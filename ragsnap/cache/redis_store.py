@@ -19,7 +19,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -27,6 +26,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import LockError
 from redis.retry import Retry
 
 from ragsnap.cache.store import EntryKey, KVStore, StoreUnavailable, namespace_label, parse_size
@@ -41,10 +41,6 @@ LOCK_TTL_S = 120.0
 _POLL_S = 0.05
 _MAX_CHUNKS = 1 << 16  # 256 GiB at the default chunk size: a larger count is a forged manifest
 _OWN_OPTIONS = ("ttl", "chunk_bytes", "backoff", "max_backoff")
-# delete the lock only if it is still ours (it may have expired and been taken over)
-_RELEASE_LUA = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
-)
 T = TypeVar("T")
 N = TypeVar("N", int, float)
 
@@ -92,7 +88,6 @@ class RedisKVStore(KVStore):
             socket_timeout=socket_timeout_s,
             retry=Retry(NoBackoff(), 0),
         )
-        self._release = self.client.register_script(_RELEASE_LUA)
         self._ping_client: redis.Redis | None = None
         self._state_lock = threading.Lock()
         self._failures = 0
@@ -305,18 +300,13 @@ class RedisKVStore(KVStore):
         by the others until it is free or the entry exists (then the caller reads it)."""
         with self._local_lock(key, wait_s):
             base = self._base(key)
-            token = uuid.uuid4().hex
+            # redis-py's lock: a random token, a TTL, and a release only while still ours
+            lock = self.client.lock(f"{base}:lock", timeout=LOCK_TTL_S, thread_local=False)
             held = False
             deadline = time.monotonic() + wait_s
             try:
                 while time.monotonic() < deadline:
-                    held = bool(
-                        self._call(
-                            lambda r: r.set(
-                                f"{base}:lock", token, nx=True, px=int(LOCK_TTL_S * 1000)
-                            )
-                        )
-                    )
+                    held = bool(self._call(lambda _r: lock.acquire(blocking=False)))
                     if held or self._call(lambda r: r.exists(f"{base}:manifest")):
                         break
                     time.sleep(_POLL_S)
@@ -327,9 +317,9 @@ class RedisKVStore(KVStore):
             finally:
                 if held:
                     try:
-                        self._call(lambda r: self._release(keys=[f"{base}:lock"], args=[token]))
-                    except (StoreUnavailable, redis.ResponseError):
-                        pass  # it expires on its own
+                        self._call(lambda _r: lock.release())
+                    except (StoreUnavailable, redis.ResponseError, LockError):
+                        pass  # it expired (and may be someone else's now): leave it
 
     def close(self) -> None:
         self.client.close()
