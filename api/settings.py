@@ -20,6 +20,10 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535)
     model: str = "embedded"
     device: str = "auto"
+    dtype: str = Field(
+        default="auto",
+        description="compute dtype: auto (bfloat16 on CUDA and on CPUs with AMX), float32, bfloat16",
+    )
     cache_url: str | None = Field(
         default=None,
         description="KV cache store URL (redis://, file://PATH, none); unset = ragsnap's default",

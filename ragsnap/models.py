@@ -115,6 +115,34 @@ def resolve_device(device: str = "auto") -> torch.device:
     return target
 
 
+def bf16_matrix_units() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (Intel AMX, Linux)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " amx_bf16" in flags and " avx512_bf16" in flags
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """The compute dtype: ``auto`` (or ``None``) is bfloat16 on CUDA and on CPUs with
+    bfloat16 matrix units, float32 on other CPUs.
+
+    On the embedded model with one CPU thread and AMX, bfloat16 made a 1K-token prefill
+    3.2x faster and 8 batched decode rows 1.65x faster (one row 1.3x slower).
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        if device.type == "cuda" or (device.type == "cpu" and bf16_matrix_units()):
+            return torch.bfloat16
+        return torch.float32
+    resolved = getattr(torch, dtype, None)
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ModelLoadError(f"unknown dtype {dtype!r} (choose auto, float32, bfloat16, float16)")
+    return resolved
+
+
 def default_attention(device: torch.device) -> str:
     """flash_attention_2 on CUDA when flash-attn is installed, else sdpa."""
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
@@ -132,7 +160,8 @@ def load_model(
 ) -> LoadedModel:
     """Load ``name``: ``embedded``, a Hugging Face id, a local directory or a ``.gguf`` path.
 
-    GGUF weights are dequantized to float32 (transformers does not run quantized GGUF).
+    GGUF weights are dequantized to float32 (transformers does not run quantized GGUF),
+    then cast to ``dtype`` (see :func:`resolve_dtype`).
     The converted weights are kept for later starts (:mod:`ragsnap.converted_weights`).
     Raises :class:`ModelLoadError` with the reason when the model cannot be loaded.
     """
@@ -152,13 +181,10 @@ def load_model(
             raise ModelLoadError(f"GGUF file not found: {name}")
         source, gguf_file, model_id = str(path.parent), path.name, path.name
     gguf = Path(source) / gguf_file if gguf_file else None
-    if gguf is not None:
-        torch_dtype: Any = torch.float32
-    elif dtype is None:
-        torch_dtype = torch.bfloat16 if target.type == "cuda" else torch.float32
-    else:
-        torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn}
+    torch_dtype = resolve_dtype(dtype, target)
+    # GGUF weights are dequantized (and kept converted) in float32, then cast
+    load_dtype = torch.float32 if gguf is not None else torch_dtype
+    kwargs: dict[str, Any] = {"dtype": load_dtype, "attn_implementation": attn}
     if revision:
         kwargs["revision"] = revision
     converted = converted_weights.converted_folder(gguf) if gguf is not None else None
@@ -175,7 +201,7 @@ def load_model(
         if gguf is not None and converted is not None:
             converted_weights.save_converted(*loaded, gguf, converted)
     model, tokenizer = loaded
-    model.to(target).eval()
+    model.to(device=target, dtype=torch_dtype).eval()
     if target.type == "cpu":
         column_major_linears(model)
     commit = getattr(model.config, "_commit_hash", None)

@@ -10,7 +10,7 @@ def engine():
     """The real engine on the embedded SmolLM2-135M-Instruct model (CPU)."""
     from ragsnap.engine import RagSnapEngine
 
-    return RagSnapEngine.load("embedded", device="cpu")
+    return RagSnapEngine.load("embedded", device="cpu", dtype="float32")
 
 
 @pytest.fixture
@@ -56,12 +56,14 @@ def _private_caches(tmp_path_factory):
     """Point the default KV store (``ragsnap ask`` without ``--cache``) and the converted
     model weights at temporary directories, so test runs neither read nor fill the user's
     own caches (the weights are converted once per run; later loads, subprocesses
-    included, read them from there)."""
+    included, read them from there), and compute in float32 whatever the CPU."""
     import os
 
     private = {
         "RAGSNAP_CACHE_URL": f"file://{tmp_path_factory.mktemp('kv-cache')}",
         "RAGSNAP_MODEL_CACHE": str(tmp_path_factory.mktemp("model-cache")),
+        # exactness tests compare float32 runs; bfloat16 has its own tests
+        "RAGSNAP_DTYPE": "float32",
     }
     previous = {name: os.environ.get(name) for name in private}
     os.environ.update(private)

@@ -53,7 +53,7 @@ def test_later_loads_read_the_converted_folder_and_a_damaged_one_is_rebuilt(
     monkeypatch.setattr(models, "_from_pretrained", recording)
     reference = _last_logits(engine.loaded)
 
-    fast = load_model("embedded", device="cpu")
+    fast = load_model("embedded", device="cpu", dtype="float32")
     assert sources == [str(folder)]
     assert fast.revision == engine.loaded.revision  # cache keys do not change
     torch.testing.assert_close(_last_logits(fast), reference, rtol=0, atol=0)
@@ -61,7 +61,7 @@ def test_later_loads_read_the_converted_folder_and_a_damaged_one_is_rebuilt(
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:4096])  # a truncated file
     sources.clear()
-    rebuilt = load_model("embedded", device="cpu")
+    rebuilt = load_model("embedded", device="cpu", dtype="float32")
     assert sources == [str(folder), embedded_model_path().name]
     assert converted_weights.is_complete(folder) and weights.stat().st_size > 4096
     torch.testing.assert_close(_last_logits(rebuilt), reference, rtol=0, atol=0)

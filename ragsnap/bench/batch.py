@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ragsnap.bench.decode import prompt_of_length
+from ragsnap.cli.options import add_dtype_option
 from ragsnap.errors import ConfigError
 from ragsnap.generation import GenerationConfig
 
@@ -36,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-tokens", type=int, default=32, help="steps timed per run")
     parser.add_argument("--repeats", type=int, default=2, help="runs per point (median)")
     parser.add_argument("--model", default="embedded")
+    add_dtype_option(parser)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--gap-chunks", default="", help="prefill chunk sizes to measure gaps at")
@@ -152,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
             f"--context {args.context} must exceed --budget {args.budget}", field="context"
         )
     torch.set_num_threads(args.threads)
-    engine = RagSnapEngine.load(args.model, device=args.device)
+    engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype)
     results, compressed = measure(engine, args, levels)
     report: dict[str, Any] = {
         "model": engine.loaded.model_id,

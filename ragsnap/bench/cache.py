@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ragsnap.cli.options import add_dtype_option
 from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
 
@@ -53,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default="embedded", help="'embedded', a Hugging Face id or a path"
     )
+    add_dtype_option(parser)
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda...")
     # --threads is a common option of every ragsnap command (ragsnap.cli)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -131,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--threads must be at least 1", field="threads")
         torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
-        base = RagSnapEngine.load(args.model, device=args.device)
+        base = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype)
     scratch = None if args.cache else tempfile.TemporaryDirectory(prefix="ragsnap-bench-cache-")
     store = open_store(args.cache or f"file://{scratch.name}")  # type: ignore[union-attr]
     engine = RagSnapEngine(base.loaded, store=store, storage_dtype=storage_dtype)

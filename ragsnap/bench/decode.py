@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ragsnap.cli.options import add_dtype_option
 from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
 from ragsnap.generation import GenerationConfig
@@ -76,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default="embedded", help="'embedded', a Hugging Face id or a path"
     )
+    add_dtype_option(parser)
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda...")
     parser.add_argument("--repeats", type=int, default=3, help="repetitions; medians are reported")
     parser.add_argument("--decode-tokens", type=int, default=32, help="decode steps timed per run")
@@ -230,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--threads must be at least 1", field="threads")
         torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(args.model, device=args.device)
+        engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype)
     longest = max(contexts)
     if longest + args.decode_tokens > engine.loaded.context_length:
         raise ConfigError(

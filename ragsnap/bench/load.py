@@ -58,6 +58,8 @@ class LoadReport:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ragsnap.cli.options import add_dtype_option
+
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
     parser.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
     parser.add_argument("--clients", type=int, default=4)
@@ -77,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compare-max-batch", help="start in-process servers with these max-batch values"
     )
     parser.add_argument("--model", default="embedded", help="model of the in-process servers")
+    add_dtype_option(parser)
     parser.add_argument(
         "--warm", action="store_true", help="in-process: run the load once untimed first"
     )
@@ -259,7 +262,7 @@ def compare_max_batch(args: argparse.Namespace) -> int:
         ) from None
     torch.set_num_threads(args.threads)
     runs: dict[str, dict[str, Any]] = {}
-    engine = RagSnapEngine.load(args.model, device="cpu")
+    engine = RagSnapEngine.load(args.model, device="cpu", dtype=args.dtype)
     for value in values:
         with tempfile.TemporaryDirectory() as folder:
             engine = RagSnapEngine(engine.loaded, store=open_store(f"file://{folder}"))

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     )
     request.validate()  # bad input fails before the model loads
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(args.model, device=args.device)
+        engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype)
     result = evaluate(engine, request)
     print(
         f"evaluated {result.evaluated} items ({result.resumed} already done, "

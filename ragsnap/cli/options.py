@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
@@ -21,6 +22,16 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1..."
+    )
+    add_dtype_option(parser)
+
+
+def add_dtype_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dtype",
+        default=os.environ.get("RAGSNAP_DTYPE", "auto"),
+        help="compute dtype: auto (bfloat16 on CUDA and on CPUs with AMX, else float32), "
+        "float32, bfloat16 ($RAGSNAP_DTYPE)",
     )
 
 

@@ -24,6 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--device", help="auto (default), cpu, cuda, cuda:1...")
     parser.add_argument(
+        "--dtype", help="auto (default: bfloat16 on CUDA and on CPUs with AMX), float32, bfloat16"
+    )
+    parser.add_argument(
         "--cache", metavar="URL", help="KV cache store: redis://..., file:///dir or none"
     )
     parser.add_argument("--corpus", metavar="DIR", help="folder the `query` field searches (BM25)")
@@ -53,6 +56,7 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
         "port": args.port,
         "model": args.model,
         "device": args.device,
+        "dtype": args.dtype,
         "cache_url": args.cache,
         "corpus_dir": args.corpus,
         "max_queue": args.max_queue,

@@ -63,6 +63,22 @@ def attnmatch_press(
     return AttentionMatchingPress(base=snap, ridge=ridge, mass_iterations=mass_iterations)
 
 
+def _completed_layer_budgets(
+    budget: int | None,
+    ratio: float | None,
+    window: int,
+    kernel: int,
+    pooling: Literal["max", "avg"],
+    max_word_tokens: int,
+    profile: str,
+) -> SpanCompletionPress:
+    """The selection under the default press: layer-budgeted SnapKV with word completion."""
+    snap = LayerBudgetSnapKVPress(
+        budget=budget, ratio=ratio, window=window, kernel=kernel, pooling=pooling, profile=profile
+    )
+    return SpanCompletionPress(base=snap, max_word_tokens=max_word_tokens)
+
+
 def ragsnap_press(
     budget: int | None = 512,
     ratio: float | None = None,
@@ -81,10 +97,9 @@ def ragsnap_press(
     uniform for a model without one). Values of tokens kept only through word completion
     are left exact (the refit would otherwise blur digits of a kept number at small budgets).
     """
-    snap = LayerBudgetSnapKVPress(
-        budget=budget, ratio=ratio, window=window, kernel=kernel, pooling=pooling, profile=profile
+    spans = _completed_layer_budgets(
+        budget, ratio, window, kernel, pooling, max_word_tokens, profile
     )
-    spans = SpanCompletionPress(base=snap, max_word_tokens=max_word_tokens)
     return RagSnapPress(base=spans, ridge=ridge, mass_iterations=mass_iterations)
 
 
@@ -110,11 +125,11 @@ def ragsnap_roles_press(
     Profiled layer budgets and word-completed SnapKV scores rank the tokens inside each
     role; Attention Matching refits what is kept. On prose this is ``ragsnap``'s selection.
     """
-    default = ragsnap_press(
-        budget, ratio, window, kernel, pooling, max_word_tokens, ridge, mass_iterations, profile
+    spans = _completed_layer_budgets(
+        budget, ratio, window, kernel, pooling, max_word_tokens, profile
     )
     roles = RoleBudgetPress(
-        base=default.base,
+        base=spans,
         value_share=value_share,
         delim_share=delim_share,
         other_share=other_share,
