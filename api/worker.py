@@ -168,7 +168,7 @@ class EngineWorker:
         metrics: ServiceMetrics,
         min_retry_s: int = 1,
         max_batch: int = 8,
-        step_tokens: int = 256,
+        step_tokens: int = 128,
     ):
         self.engine = engine
         self.metrics = metrics

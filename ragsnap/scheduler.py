@@ -72,7 +72,7 @@ class StepStats:
 class Scheduler:
     """Runs requests on ``engine`` with continuous batching (see the module docstring)."""
 
-    def __init__(self, engine: RagSnapEngine, max_batch: int = 8, step_tokens: int = 256) -> None:
+    def __init__(self, engine: RagSnapEngine, max_batch: int = 8, step_tokens: int = 128) -> None:
         if max_batch < 1 or step_tokens < 1:
             raise ValueError("max_batch and step_tokens must be at least 1")
         self.engine = engine

@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--step-tokens",
         type=int,
-        help="token budget of a scheduler step: prefill chunk + one per running request (256)",
+        help="token budget of a scheduler step: prefill chunk + one per running request (128)",
     )
     parser.set_defaults(handler=run)
 
