@@ -17,6 +17,7 @@ from api.settings import Settings
 from api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError
 from ragsnap.citations.options import CitationOptions
 from ragsnap.compression import DEFAULT_PRESS, make_press
+from ragsnap.compression.decode_snapkv import decode_compression
 from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions
 from ragsnap.errors import ConfigError
@@ -206,9 +207,11 @@ def answer_options(
             code="invalid_value",
         )
     compression = compression or CompressionIn()
-    fields = compression.model_dump(exclude={"press"}, exclude_none=True)
+    decode_fields = {"decode_slack", "decode_window"}
+    fields = compression.model_dump(exclude={"press", *decode_fields}, exclude_none=True)
     try:
         press = make_press(compression.press or DEFAULT_PRESS, **fields)
+        decode = decode_compression(compression.decode_slack, compression.decode_window)
     except ConfigError as exc:
         param = f"compression.{exc.field}" if exc.field else "compression"
         raise ApiError(422, f"{param}: {exc.message}", param=param, code="invalid_value") from None
@@ -229,6 +232,7 @@ def answer_options(
         press=press,
         generation=generation,
         chat=chat,
+        decode_compression=decode,
         citations=CitationOptions(
             mode=cite.mode, marker_control=cite.marker_control, inline_markers=cite.inline_markers
         ),

@@ -87,6 +87,16 @@ class CompressionIn(BaseModel):
     keep_instruction: bool | None = Field(
         default=None, description="always keep the system instruction's tokens"
     )
+    decode_slack: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_536,
+        description="decode-phase SnapKV: select again once a layer holds this many entries "
+        "more than its prompt kept (off when unset)",
+    )
+    decode_window: int | None = Field(
+        default=None, ge=1, le=4096, description="last answer tokens that vote (default 16)"
+    )
 
     @model_validator(mode="after")
     def _one_size(self) -> CompressionIn:

@@ -24,6 +24,7 @@ from ragsnap.citations.markers import MarkerConstraint, insert_markers, vocabula
 from ragsnap.citations.options import CitationOptions
 from ragsnap.citations.quotes import document_sentences
 from ragsnap.compression import Press, make_press
+from ragsnap.compression.decode_snapkv import DecodeSnapKV
 from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.generation import GenerationConfig
@@ -46,6 +47,8 @@ class AnswerOptions:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     chat: ChatContext | None = None  # a chat's instructions and prior turns (prompt tail)
     citations: CitationOptions = field(default_factory=CitationOptions)
+    # decode-phase SnapKV: long answers stay within the prompt's budget plus a slack
+    decode_compression: DecodeSnapKV | None = None
 
 
 @dataclass
@@ -288,6 +291,7 @@ class RagSnapEngine:
             cache_bytes_written=report.bytes_written,
             cache_load_s=round(report.load_s, 4),
             finish_reason="length" if row.finish_reason == "length" else "stop",
+            decode_reselections=row.votes.reselections if row.votes is not None else 0,
             dropped_doc_ids=layout.dropped_doc_ids,
             truncated_doc_ids=layout.truncated_doc_ids,
         )
@@ -316,7 +320,12 @@ class RagSnapEngine:
         batch = self.runtime.decode_batch()
         stop = (lambda _tokens: should_stop()) if should_stop is not None else None
         row = batch.add(
-            0, prepared.prefill, options.generation, stop, self.logits_processor(prepared)
+            0,
+            prepared.prefill,
+            options.generation,
+            stop,
+            self.logits_processor(prepared),
+            decode_compression=options.decode_compression,
         )
         text = TextStream(self.tokenizer)
         ttft: float | None = None

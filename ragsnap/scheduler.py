@@ -189,6 +189,7 @@ class Scheduler:
             request.options.generation,
             stop,
             logits_processor=self.engine.logits_processor(prepared),
+            decode_compression=request.options.decode_compression,
         )
         self._running[key] = _Running(request, prepared, row, TextStream(self.engine.tokenizer))
 

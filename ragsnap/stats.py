@@ -41,6 +41,7 @@ class AnswerStats:
     cache_load_s: float = 0.0
     finish_reason: str = "stop"  # stop | length
     stop_sequence: str | None = None  # the stop string that ended the answer
+    decode_reselections: int = 0  # layer selections of decode-phase SnapKV
     dropped_doc_ids: list[str] = field(default_factory=list)
     truncated_doc_ids: list[str] = field(default_factory=list)
 

@@ -17,6 +17,7 @@ from ragsnap.cli.options import (
     press_from_args,
 )
 from ragsnap.cli.progress import loading_model
+from ragsnap.compression.decode_snapkv import decode_compression
 from ragsnap.errors import InputError
 
 if TYPE_CHECKING:
@@ -84,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
         inline_markers=args.inline_markers,
     )
     options = AnswerOptions(
-        press=press_from_args(args), generation=generation_from_args(args), citations=citations
+        press=press_from_args(args),
+        generation=generation_from_args(args),
+        citations=citations,
+        decode_compression=decode_compression(args.decode_slack, args.decode_window),
     )
     store = open_store_from_args(args)
     with loading_model(args.model, args.device):

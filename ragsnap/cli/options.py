@@ -62,6 +62,15 @@ def add_press_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="always keep the system instruction's tokens, whatever the press",
     )
+    group.add_argument(
+        "--decode-slack",
+        type=int,
+        help="decode-phase SnapKV: select again once a layer holds this many entries more "
+        "than its prompt kept (default: off)",
+    )
+    group.add_argument(
+        "--decode-window", type=int, help="answer tokens that vote while decoding (default 16)"
+    )
 
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ragsnap.compression.decode_snapkv import DecodeSnapKV, DecodeVotes
 from ragsnap.generation import GenerationConfig, TokenSampler
+from ragsnap.runtime.attention import observe_attention
 from ragsnap.runtime.forward import BatchedKV, forward_rows
 from ragsnap.runtime.prefill import PrefillResult
 
@@ -33,6 +36,7 @@ class DecodeRow:
     ``next_logits`` (``[1, V]``) predict the row's next token; ``decode_s`` adds up the
     model steps this row took part in (its per-token latency, shared with its batch).
     ``logits_processor`` (optional) rewrites the row's logits before its sampler picks.
+    ``votes`` (with decode-phase SnapKV) records its attention and bounds its cache.
     """
 
     key: Hashable
@@ -45,6 +49,7 @@ class DecodeRow:
     finish_reason: str | None = None
     decode_s: float = 0.0
     steps: int = 0
+    votes: DecodeVotes | None = None
 
 
 @dataclass
@@ -79,11 +84,13 @@ class DecodeBatch:
         generation: GenerationConfig,
         should_stop: Callable[[list[int]], bool] | None = None,
         logits_processor: LogitsProcessor | None = None,
+        decode_compression: DecodeSnapKV | None = None,
     ) -> DecodeRow:
         """A new row decoding from ``prefill``; it takes part from the next step on.
 
         ``logits_processor(tokens, logits)`` runs on the row's logits before each pick
         (e.g. a constraint that masks tokens with ``-inf``); it sees only its own row.
+        ``decode_compression`` keeps the row's cache near its starting length per layer.
 
         The prefill's cache is copied into the batch, so ``prefill`` stays reusable.
         """
@@ -96,6 +103,9 @@ class DecodeBatch:
             should_stop=should_stop,
             logits_processor=logits_processor,
         )
+        if decode_compression is not None:
+            targets = [k.shape[-2] for k, _ in prefill.layers]
+            row.votes = DecodeVotes(decode_compression, targets)
         self.kv.add(
             prefill.layers,
             prefill.original_length,
@@ -139,13 +149,16 @@ class DecodeBatch:
             self.rows = [self.rows[i] for i in going]
         if self.rows:
             started = time.perf_counter()
-            logits = forward_rows(
-                self.model,
-                self.cache_kwarg,
-                self.kv,
-                [[r.tokens[-1]] for r in self.rows],
-                last=True,
-            )
+            voting = [(r, row.votes) for r, row in enumerate(self.rows) if row.votes is not None]
+            with observe_attention(self._recorder(voting)) if voting else nullcontext():
+                logits = forward_rows(
+                    self.model,
+                    self.cache_kwarg,
+                    self.kv,
+                    [[r.tokens[-1]] for r in self.rows],
+                    last=True,
+                )
+            self._reselect(voting)
             if logits.is_cuda:
                 torch.cuda.synchronize(logits.device)
             self.last_step_s = time.perf_counter() - started
@@ -154,6 +167,30 @@ class DecodeBatch:
                 row.decode_s += self.last_step_s
                 row.steps += 1
         return outputs
+
+    def _recorder(
+        self, voting: list[tuple[int, DecodeVotes]]
+    ) -> Callable[[int, torch.Tensor], None]:
+        """An attention observer that hands each voting row its step's probabilities."""
+        before = self.kv.lengths.clone()  # this step's token sits right after them
+
+        def record(layer: int, probs: torch.Tensor) -> None:  # probs: [B, Hq, 1, K + 1]
+            if self.kv.windows[layer] is not None:
+                return
+            heads = self.kv.keys[layer].shape[1]
+            for r, votes in voting:
+                seen = int(before[r, layer]) + 1
+                votes.record(layer, probs[r, :, 0, :seen], heads)
+
+        return record
+
+    def _reselect(self, voting: list[tuple[int, DecodeVotes]]) -> None:
+        """Re-select the layers of voting rows that outgrew their slack."""
+        for r, votes in voting:
+            for layer, window in enumerate(self.kv.windows):
+                length = int(self.kv.lengths[r, layer])
+                if window is None and votes.due(layer, length):
+                    self.kv.compact(r, layer, votes.select(layer, length))
 
     def run(self) -> Iterator[StepOutput]:
         """Step until every row has finished, yielding each step's outputs."""

@@ -115,6 +115,19 @@ class BatchedKV:
         self.lengths = self.lengths.index_select(0, index)
         self.positions = self.positions.index_select(0, index)
 
+    def compact(self, row: int, layer: int, index: torch.Tensor) -> None:
+        """Row ``row`` keeps, per KV head, its entries ``index`` (``[Hkv, m]``, ascending) of
+        ``layer``, moved to the front with their bias; the rest of its slice is padding."""
+        m = index.shape[-1]
+        for buffer in (self.keys[layer], self.values[layer]):
+            picked = index.unsqueeze(-1).expand(-1, -1, buffer.shape[-1])
+            buffer[row, :, :m] = buffer[row].gather(1, picked)  # [Hkv, m, D]
+        bias = self.bias[layer]
+        if bias is not None:
+            bias[row, :, :m] = bias[row].gather(1, index)
+            bias[row, :, m:] = 0  # the row's next entries (its new tokens) have no bias
+        self.lengths[row, layer] = m
+
     def _grow(self, layer: int, needed: int) -> None:
         capacity = self.keys[layer].shape[2]
         if needed <= capacity:
