@@ -22,7 +22,8 @@ from ragsnap.prompt import encode_user_text_with_offsets, format_document
 @dataclass(frozen=True)
 class KeptSpan:
     """A token of the document: ``doc.text[start:end]``, and ``share``, the share of
-    (compressed layer, KV head) pairs that kept it, in [0, 1]."""
+    (compressed layer, KV head) pairs that kept it, in [0, 1]. The byte tokens of one
+    character (an emoji split in two) each have a span, overlapping on it."""
 
     start: int
     end: int
@@ -67,13 +68,14 @@ def document_kept_tokens(
     out: list[DocumentKeptTokens] = []
     for index, (doc, (begin, end)) in enumerate(zip(documents, doc_spans, strict=True)):
         piece = format_document(index + 1, doc)
-        header = f"[{index + 1}] {doc.title}".rstrip()
-        # piece offset -> doc.text offset: the header and its newline, less the stripped lead
-        shift = len(header) + 1 - (len(doc.text) - len(doc.text.lstrip()))
+        # the piece holds the header, a newline, then doc.text stripped (lead .. tail)
+        first = len(f"[{index + 1}] {doc.title}".rstrip()) + 1
+        lead = len(doc.text) - len(doc.text.lstrip())
+        tail = len(doc.text.rstrip())
         _, offsets = encode_user_text_with_offsets(tokenizer, piece)
         spans: list[KeptSpan] = []
         for j, (a, b) in enumerate(offsets[: end - begin]):
-            lo, hi = max(a - shift, 0), min(b - shift, len(doc.text))
+            lo, hi = max(a - first + lead, lead), min(b - first + lead, tail)
             if hi <= lo:  # the header, the separator, or past the text
                 continue
             share = min(max(float(rates[begin + j]), 0.0), 1.0)
