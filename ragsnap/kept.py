@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ragsnap.documents import Document
 from ragsnap.prompt import encode_user_text_with_offsets, format_document
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)

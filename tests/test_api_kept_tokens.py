@@ -72,6 +72,9 @@ def test_kept_tokens_ride_on_the_done_event_and_only_when_asked(base_url):
     plain = httpx.post(f"{base_url}/v1/answer", json=body(kept_tokens=False), timeout=120).json()
     assert "kept_tokens" not in plain  # the answer's shape is unchanged unless asked
     assert plain["answer"] == done["answer"]
+    # a stop string rebuilds the done event: the maps stay on it
+    stopped = httpx.post(f"{base_url}/v1/answer", json=body(stop=["never-said"]), timeout=120)
+    assert stopped.json()["kept_tokens"] == done["kept_tokens"]
 
 
 def test_full_press_keeps_every_token(base_url):
