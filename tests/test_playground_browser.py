@@ -157,7 +157,7 @@ def test_documents_in_answer_streams_citation_highlights_heat_map_renders(page, 
     assert page.requests and all(url.startswith(base_url) for url in page.requests)
 
 
-def test_corpus_search_adds_passages_and_the_key_is_asked_for(page):
+def test_corpus_search_and_upload_add_documents_and_the_key_is_asked_for(page):
     assert page.locator("#search-box").is_visible()
     page.fill("#search-query", "moon tides")
     page.click("#search-button")
@@ -172,3 +172,11 @@ def test_corpus_search_adds_passages_and_the_key_is_asked_for(page):
     page.locator("#search-results .add-passage").first.click()
     added = page.locator(".document").last
     assert added.locator(".doc-text").input_value().startswith("The Moon pulls")
+
+    # an uploaded file becomes a document titled by its name
+    upload = {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"Uploaded: the tides."}
+    page.set_input_files("#upload", files=[upload])
+    page.wait_for_function("document.querySelectorAll('.document').length === 3")
+    uploaded = page.locator(".document").last
+    assert uploaded.locator(".doc-title").input_value() == "notes.txt"
+    assert uploaded.locator(".doc-text").input_value() == "Uploaded: the tides."
