@@ -61,6 +61,12 @@ def page(browser, base_url):
     opened = context.new_page()
     opened.requests = []  # every URL the page asked for
     opened.on("request", lambda request: opened.requests.append(request.url))
+    opened.problems = []  # uncaught exceptions, console errors (a CSP violation is one)
+    opened.on("pageerror", lambda error: opened.problems.append(str(error)))
+    opened.on(
+        "console",
+        lambda message: message.type == "error" and opened.problems.append(message.text),
+    )
     opened.goto(f"{base_url}/")
     yield opened
     context.close()
@@ -153,12 +159,13 @@ def test_documents_in_answer_streams_citation_highlights_heat_map_renders(page, 
     assert colours is not None and len(colours) > 50
     assert max(count for count, _ in colours) < 0.9 * image.width * image.height
 
-    # nothing came from anywhere but this server
+    # nothing came from anywhere but this server, and nothing went wrong on the page
     assert page.requests and all(url.startswith(base_url) for url in page.requests)
+    assert page.problems == []
 
 
 def test_corpus_search_and_upload_add_documents_and_the_key_is_asked_for(page):
-    assert page.locator("#search-box").is_visible()
+    page.wait_for_selector("#search-box", state="visible")  # once /readyz named a corpus
     page.fill("#search-query", "moon tides")
     page.click("#search-button")
     page.wait_for_selector("#error:not([hidden])")
@@ -180,3 +187,5 @@ def test_corpus_search_and_upload_add_documents_and_the_key_is_asked_for(page):
     uploaded = page.locator(".document").last
     assert uploaded.locator(".doc-title").input_value() == "notes.txt"
     assert uploaded.locator(".doc-text").input_value() == "Uploaded: the tides."
+    # the one console error is the refused request's 401
+    assert len(page.problems) == 1 and "401" in page.problems[0], page.problems
