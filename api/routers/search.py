@@ -12,7 +12,9 @@ from api.schemas import PassageOut, SearchRequest, SearchResponse
 router = APIRouter(tags=["search"])
 
 
-@router.post("/v1/search", response_model=SearchResponse, responses=errors(401, 413, 422, 503))
+@router.post(
+    "/v1/search", response_model=SearchResponse, responses=errors(401, 408, 413, 422, 429, 503)
+)
 def search(body: SearchRequest, services: ServicesDep, settings: SettingsDep) -> SearchResponse:
     """BM25 over the server's corpus, best first; passages sharing no term are left out.
     A sync route: FastAPI runs it in its thread pool, off the event loop."""
