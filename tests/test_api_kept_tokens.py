@@ -15,12 +15,16 @@ pytestmark = pytest.mark.model
 def base_url(engine, tmp_path_factory):
     from api.app import create_app
     from api.settings import Settings
+    from ragsnap.cache import open_store
+    from ragsnap.engine import RagSnapEngine
 
     corpus = tmp_path_factory.mktemp("corpus")
     (corpus / "moon.md").write_text("The Moon pulls on the oceans, which raises the tides.")
     (corpus / "bees.txt").write_text("Honeybees dance to show where the flowers are.")
-    settings = Settings(corpus_dir=str(corpus), cache_url="none", max_new_tokens_limit=64)
-    with running_server(create_app(settings, engine=engine)) as url:
+    store = open_store(f"file://{tmp_path_factory.mktemp('kv')}")
+    cached = RagSnapEngine(engine.loaded, store=store)  # the same loaded model, with a store
+    settings = Settings(corpus_dir=str(corpus), max_new_tokens_limit=64)
+    with running_server(create_app(settings, engine=cached)) as url:
         yield url
 
 
@@ -75,6 +79,16 @@ def test_kept_tokens_ride_on_the_done_event_and_only_when_asked(base_url):
     # a stop string rebuilds the done event: the maps stay on it
     stopped = httpx.post(f"{base_url}/v1/answer", json=body(stop=["never-said"]), timeout=120)
     assert stopped.json()["kept_tokens"] == done["kept_tokens"]
+
+
+def test_a_cache_hit_has_the_same_map(base_url):
+    request = body(question="What do honeybees do?")
+    first = httpx.post(f"{base_url}/v1/answer", json=request, timeout=120).json()
+    again = httpx.post(f"{base_url}/v1/answer", json=request, timeout=120).json()
+    # a prefix hit when an earlier test sent these documents; then the whole answer is cached
+    assert first["stats"]["cache"] in {"miss", "prefix-hit"} and again["stats"]["cache"] == "hit"
+    assert again["kept_tokens"] == first["kept_tokens"]
+    assert any(s["share"] < 1.0 for m in again["kept_tokens"] for s in m["spans"])
 
 
 def test_full_press_keeps_every_token(base_url):
