@@ -195,6 +195,7 @@ def answer_options(
     stop: str | Sequence[str] | None = None,
     chat: ChatContext | None = None,
     citations: CitationsIn | None = None,
+    kept_tokens: bool = False,
 ) -> AnswerOptions:
     """Press and generation settings; a bad value is a 422 naming its field."""
     default = min(settings.default_max_new_tokens, settings.max_new_tokens_limit)
@@ -236,6 +237,7 @@ def answer_options(
         citations=CitationOptions(
             mode=cite.mode, marker_control=cite.marker_control, inline_markers=cite.inline_markers
         ),
+        kept_tokens=kept_tokens,
     )
 
 
@@ -349,9 +351,12 @@ def event_payload(event: AnswerEvent) -> dict[str, Any]:
             "citations": [c.to_dict() for c in event.citations],
             "answer_with_markers": event.answer_with_markers,
         }
-    return {
+    payload = {
         "answer": event.answer,
         "answer_with_markers": event.answer_with_markers,
         "citations": [c.to_dict() for c in event.citations],
         "stats": event.stats.to_dict(),
     }
+    if event.kept_tokens is not None:  # asked for: the kept-token map of each document
+        payload["kept_tokens"] = [d.to_dict() for d in event.kept_tokens]
+    return payload

@@ -13,7 +13,7 @@ from api.errors import install_error_handlers
 from api.metrics import ServiceMetrics
 from api.middleware import GuardMiddleware, RequestLogMiddleware
 from api.openapi import install_openapi
-from api.routers import answer, health, openai_compat
+from api.routers import answer, health, openai_compat, playground, search
 from api.services import Services, start_services
 from api.settings import Settings
 from ragsnap.engine import RagSnapEngine
@@ -71,6 +71,9 @@ def create_app(settings: Settings | None = None, engine: RagSnapEngine | None = 
     app.include_router(health.router)
     app.include_router(answer.router)
     app.include_router(openai_compat.router)
+    app.include_router(search.router)
+    if settings.playground:
+        app.include_router(playground.router)
     # added last = outermost: the log line covers the guard's rejections too
     app.add_middleware(GuardMiddleware, settings=settings)
     app.add_middleware(RequestLogMiddleware, metrics=metrics)

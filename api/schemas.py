@@ -162,6 +162,11 @@ class AnswerRequest(RetrievalFields):
     top_p: float = Field(default=1.0, gt=0, le=1, description=TOP_P)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description=SEED)
     stream: bool = False
+    kept_tokens: bool = Field(
+        default=False,
+        description="the done event (or the JSON answer) carries, per document, each token's "
+        "character span and the share of layers and KV heads that kept it",
+    )
 
     @field_validator("question")
     @classmethod
@@ -169,6 +174,24 @@ class AnswerRequest(RetrievalFields):
         if not value.strip():
             raise ValueError("must not be empty")
         return value
+
+
+class KeptSpanOut(BaseModel):
+    """A document token: ``text[start:end]``; ``share`` of (layer, KV head) pairs kept it."""
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    share: float = Field(ge=0, le=1)
+
+
+class DocumentKeptTokensOut(BaseModel):
+    """The kept-token map of document ``index`` (1-based, as cited); ``spans`` cover its
+    tokens in the prompt (bounded by ``max_document_tokens``)."""
+
+    index: int = Field(ge=1)
+    doc_id: str
+    kept_share: float = Field(ge=0, le=1)
+    spans: list[KeptSpanOut]
 
 
 class AnswerResponse(BaseModel):
@@ -179,6 +202,30 @@ class AnswerResponse(BaseModel):
     meta: dict[str, Any]
     stats: dict[str, Any]
     answer_with_markers: str | None = None
+    kept_tokens: list[DocumentKeptTokensOut] | None = Field(
+        default=None, description="with kept_tokens: true"
+    )
+
+
+class SearchRequest(BaseModel):
+    """``POST /v1/search``: the corpus passages ``query`` finds (what ``query`` on
+    ``/v1/answer`` would put into the prompt)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: Text = Field(min_length=1, max_length=4_000)
+    top_k: int | None = Field(default=None, ge=1, le=1_000)
+
+
+class PassageOut(BaseModel):
+    id: str
+    title: str
+    text: str
+    score: float
+
+
+class SearchResponse(BaseModel):
+    passages: list[PassageOut]
 
 
 class TextPart(BaseModel):

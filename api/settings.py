@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     served_model_name: str = Field(
         default="ragsnap", description="alias accepted as `model` on /v1"
     )
+    playground: bool = Field(
+        default=True, description="serve the web playground at / (its API calls need a key)"
+    )
 
     # authentication: comma-separated keys; each key gets its own cache namespace
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)

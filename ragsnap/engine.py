@@ -28,6 +28,7 @@ from ragsnap.compression.decode_snapkv import DecodeSnapKV
 from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.generation import GenerationConfig
+from ragsnap.kept import DocumentKeptTokens, document_kept_tokens
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
 from ragsnap.prompt import ChatContext, PromptLayout, assemble_prompt
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
@@ -49,6 +50,7 @@ class AnswerOptions:
     citations: CitationOptions = field(default_factory=CitationOptions)
     # decode-phase SnapKV: long answers stay within the prompt's budget plus a slack
     decode_compression: DecodeSnapKV | None = None
+    kept_tokens: bool = False  # the done event carries each document's kept-token map
 
 
 @dataclass
@@ -295,9 +297,20 @@ class RagSnapEngine:
             dropped_doc_ids=layout.dropped_doc_ids,
             truncated_doc_ids=layout.truncated_doc_ids,
         )
+        kept = self.kept_map(prepared) if prepared.options.kept_tokens else None
         return CitationsEvent(citations=citations, answer_with_markers=marked), DoneEvent(
-            answer=answer, citations=citations, stats=stats, answer_with_markers=marked
+            answer=answer,
+            citations=citations,
+            stats=stats,
+            answer_with_markers=marked,
+            kept_tokens=kept,
         )
+
+    def kept_map(self, prepared: PreparedAnswer) -> list[DocumentKeptTokens]:
+        """Per document, the share of layers and heads that kept each of its tokens."""
+        layout, prefill = prepared.layout, prepared.prefill
+        rate = prefill.keep_rate() if prefill.kept else torch.ones(layout.num_tokens)
+        return document_kept_tokens(self.tokenizer, layout.documents, layout.doc_spans, rate)
 
     # -- one answer on its own ----------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ragsnap.citations import Citation
+from ragsnap.kept import DocumentKeptTokens
 from ragsnap.stats import AnswerStats
 
 
@@ -42,12 +43,14 @@ class CitationsEvent:
 
 @dataclass
 class DoneEvent:
-    """The last event: the full answer, its citations and every statistic."""
+    """The last event: the full answer, its citations and every statistic;
+    ``kept_tokens`` (when asked for) each document's kept-token map."""
 
     answer: str
     citations: list[Citation]
     stats: AnswerStats
     answer_with_markers: str | None = None
+    kept_tokens: list[DocumentKeptTokens] | None = None
     type: str = "done"
 
 

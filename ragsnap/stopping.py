@@ -97,7 +97,14 @@ class StopFilter:
             if matcher.matched is not None:
                 stats.finish_reason = "stop"
             citations = cited_in(answer, event.citations)
-            return [DoneEvent(answer=answer, citations=citations, stats=stats)]
+            return [
+                DoneEvent(
+                    answer=answer,
+                    citations=citations,
+                    stats=stats,
+                    kept_tokens=event.kept_tokens,  # the prompt's, untouched by the cut
+                )
+            ]
         return [event]
 
 

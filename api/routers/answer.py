@@ -41,6 +41,7 @@ async def answer_events(job: AnswerJob) -> AsyncIterator[ServerSentEvent]:
 @router.post(
     "/v1/answer",
     response_model=AnswerResponse,
+    response_model_exclude_unset=True,  # kept_tokens only when asked for
     responses={
         200: {
             "content": ANSWER_EVENTS,
@@ -74,6 +75,7 @@ async def answer(
             settings,
         ),
         citations=body.citations,
+        kept_tokens=body.kept_tokens,
     )
     log["stream"] = body.stream
     job = submit_job(services, question, documents, options, namespace, log)

@@ -90,9 +90,11 @@ def run(args: argparse.Namespace) -> int:
         engine = load_engine(settings)  # fails here, with one clear line, before binding
     app = create_app(settings, engine=engine)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.auth_enabled else "no API key"
+    where = f"http://{settings.host}:{settings.port}"
+    playground = f"; playground at {where}/" if settings.playground else ""
     print(
-        f"ragsnap: serving {engine.loaded.model_id} at http://{settings.host}:{settings.port} "
-        f"({auth}); stop with Ctrl-C",
+        f"ragsnap: serving {engine.loaded.model_id} at {where} ({auth}){playground}; "
+        "stop with Ctrl-C",
         file=sys.stderr,
         flush=True,
     )
