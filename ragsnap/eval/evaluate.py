@@ -143,8 +143,10 @@ class EvalRequest:
                 f"{self.data} does not parse as {how}: {type(exc).__name__} {exc}", field="data"
             ) from exc
         except InputError as exc:
-            reason = str(exc).removeprefix(f"{exc.field == 'data' and self.data}: ")
-            raise InputError(f"{self.data} does not parse as {how}: {reason}", field="data") from exc
+            reason = str(exc).removeprefix(f"{self.data}: ")
+            raise InputError(
+                f"{self.data} does not parse as {how}: {reason}", field="data"
+            ) from exc
         if not loaded.items:
             first = loaded.malformed[0] if loaded.malformed else None
             reason = f"first problem: {first.where}: {first.reason}" if first else "no items"
@@ -243,7 +245,13 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
     grid = request.grid()
     configs = [{"press": g.press, "size": g.budget, **g.instance.config()} for g in grid]
     check_settings(
-        out, request.settings(engine.loaded.model_id), {"provenance": provenance(engine, configs)}
+        out,
+        request.settings(engine.loaded.model_id),
+        {
+            "provenance": provenance(
+                engine, configs, layer_profile=request.press_options.get("profile")
+            )
+        },
     )
     loaded = load_request_items(engine, request)
     rest = loaded.items[request.offset :]

@@ -93,6 +93,8 @@ def plot_scores(out_dir: Path, runs: Sequence[dict[str, Any]]) -> list[str]:
             else "budget (tokens kept per KV head)"
         )
         ax.set_ylabel(AXIS_LABELS.get(key, f"{key} (share of items)"))
+        if key not in ("kl", "nll_gap"):  # shares: the whole 0-1 range, so 0 looks like 0
+            ax.set_ylim(-0.05, 1.05)
         ax.set_title(f"{key} (n={items} items, 95% bootstrap CI)", fontsize=10)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)

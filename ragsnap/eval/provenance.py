@@ -51,14 +51,21 @@ def source_checkout(package_dir: Path | None = None) -> dict[str, Any] | None:
 
 
 def provenance(
-    engine: Any, grid_configs: Sequence[dict[str, Any]], argv: Sequence[str] | None = None
+    engine: Any,
+    grid_configs: Sequence[dict[str, Any]],
+    argv: Sequence[str] | None = None,
+    layer_profile: str | None = None,
 ) -> dict[str, Any]:
-    """Versions, checkout, model, threads, device, the press grid and the command line."""
+    """Versions, checkout, model, threads, device, the press grid (every option of every
+    press), the layer-profile digest (of ``layer_profile``, default ``auto``: the packaged
+    profiles) and the command line."""
     import torch
+
+    from ragsnap.compression.layer_budgets import profile_digest
 
     loaded = getattr(engine, "loaded", None)
     return {
-        "ragsnap": package_version("ragsnap") or "unknown",
+        "ragsnap": ragsnap.__version__,
         "checkout": source_checkout(),
         "torch": torch.__version__,
         "transformers": package_version("transformers"),
@@ -69,5 +76,7 @@ def provenance(
         "device": str(getattr(engine, "device", "")),
         "threads": torch.get_num_threads(),
         "grid": list(grid_configs),
+        "layer_profile": layer_profile or "auto",
+        "layer_profile_digest": profile_digest(layer_profile or "auto"),
         "command": list(sys.argv if argv is None else argv),
     }
