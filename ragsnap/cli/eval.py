@@ -141,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         budgets=args.budget,
         ratios=args.ratio,
         press_options=press_tuning_from_args(args),
+        command=getattr(args, "argv", None),
         limit=args.limit,
         offset=args.offset,
         seed=args.seed,

@@ -63,6 +63,7 @@ class EvalRequest:
     answer_prefix: bool = True
     plots: bool = True
     progress: bool = True
+    command: list[str] | None = None  # the command line, for provenance (default sys.argv)
 
     @property
     def resolved_format(self) -> str:
@@ -249,7 +250,7 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
         request.settings(engine.loaded.model_id),
         {
             "provenance": provenance(
-                engine, configs, layer_profile=request.press_options.get("profile")
+                engine, configs, request.command, request.press_options.get("profile")
             )
         },
     )
