@@ -53,7 +53,7 @@ def sign_test(won: int, lost: int) -> float | None:
         return None
     k = min(won, lost)
     tail = sum(comb(n, i) for i in range(k + 1)) / 2**n
-    return round(min(1.0, 2 * tail), 6)
+    return min(1.0, 2 * tail)  # not rounded: small p-values must stay distinguishable
 
 
 def paired_counts(pairs: Sequence[tuple[float, float]]) -> tuple[int, int]:
