@@ -159,7 +159,7 @@ def intervals(records: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
 
 def build_runs(
     records: Sequence[dict[str, Any]],
-    points: Sequence[tuple[str, int | None]],
+    points: Sequence[tuple[str, float | None]],
     baseline: str = "snapkv",
 ) -> list[dict[str, Any]]:
     """One run per (press, budget) in ``points`` order that has records.
@@ -168,9 +168,9 @@ def build_runs(
     the full cache scores 0 there). When ``baseline`` ran too, every other compressed run
     gets ``versus``: a paired comparison with it at the same budget (:func:`versus`).
     """
-    by_point: dict[tuple[str, int | None], list[dict[str, Any]]] = defaultdict(list)
+    by_point: dict[tuple[str, float | None], list[dict[str, Any]]] = defaultdict(list)
     full_by_item: dict[str, dict[str, Any]] = {}
-    baseline_by_budget: dict[int | None, dict[str, dict[str, Any]]] = defaultdict(dict)
+    baseline_by_budget: dict[float | None, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in records:
         by_point[(r["press"], r.get("budget"))].append(r)
         if r["press"] == "full":

@@ -42,7 +42,8 @@ def pubmedqa_item(pmid: str, record: Any) -> EvalItem:
     decision = str(record.get("final_decision", "")).strip().lower()
     if decision not in DECISIONS:
         raise ValueError(f"final_decision is {record.get('final_decision')!r}, not yes/no/maybe")
-    labels = record.get("LABELS") if isinstance(record.get("LABELS"), list) else []
+    raw_labels = record.get("LABELS")
+    labels: list[Any] = raw_labels if isinstance(raw_labels, list) else []
     documents = []
     for i, text in enumerate(contexts):
         if isinstance(text, str) and text.strip():

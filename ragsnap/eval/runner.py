@@ -330,7 +330,7 @@ def select_records(
     """The stored records that belong to this run's items and grid (last write wins)."""
     wanted_items = {i.id for i in items}
     wanted_points = {(g.press, g.budget) for g in grid}
-    chosen: dict[tuple[str, str, int | None], dict[str, Any]] = {}
+    chosen: dict[tuple[str, str, float | None], dict[str, Any]] = {}
     for r in records:
         if r["item_id"] in wanted_items and (r["press"], r.get("budget")) in wanted_points:
             chosen[(r["item_id"], r["press"], r.get("budget"))] = r

@@ -18,7 +18,7 @@ PREDICTIONS = "predictions.jsonl"
 SETTINGS = "settings.json"
 
 
-def record_key(record: dict[str, Any]) -> tuple[str, str, int | None]:
+def record_key(record: dict[str, Any]) -> tuple[str, str, float | None]:
     """``(item_id, press, budget)``: one line of predictions.jsonl per key."""
     return str(record["item_id"]), str(record["press"]), record.get("budget")
 
@@ -32,7 +32,7 @@ class PredictionStore:
 
     def __init__(self, out_dir: Path) -> None:
         self.path = out_dir / PREDICTIONS
-        self.done: set[tuple[str, str, int | None]] = set()
+        self.done: set[tuple[str, str, float | None]] = set()
         self._repair()
         for record in self.records():
             self.done.add(record_key(record))
