@@ -35,6 +35,7 @@ def test_items_hold_the_contexts_as_documents_and_the_decision_as_gold(tmp_path)
     loaded = load_items("pubmedqa", path)
     (item,) = loaded.items
     assert (item.id, item.type, item.answers) == ("111", "yesno", ["maybe"])
+    assert item.question == "Is X safe? Answer yes, no or maybe, then explain briefly."
     assert [(d.id, d.title, d.text) for d in item.documents] == [
         ("111-1", "Aims", "Aim text."),
         ("111-3", "Results", "Result text."),

@@ -3,7 +3,7 @@
 The file maps a PubMed id to ``{"QUESTION", "CONTEXTS": [...], "LABELS": [...],
 "final_decision", "LONG_ANSWER"}``. Each context (an abstract section, named by its
 label) becomes one document; all of them are gold evidence. The item is a ``yesno`` item
-whose gold is ``final_decision`` (yes, no or maybe), scored by accuracy and macro-F1 over
+whose gold is ``final_decision`` (yes, no or maybe; the question says so), scored by accuracy and macro-F1 over
 the three labels; ``LONG_ANSWER`` is kept in the metadata.
 """
 
@@ -18,6 +18,8 @@ from ragsnap.errors import InputError
 from ragsnap.eval.items import EvalItem, LoadedItems, Malformed
 
 DECISIONS = ("yes", "no", "maybe")
+# the model is told the three answers (as MIRAGE's options do): "maybe" is otherwise rare
+ANSWER_HINT = "Answer yes, no or maybe, then explain briefly."
 
 
 def looks_like_pubmedqa(data: Any) -> bool:
@@ -51,7 +53,7 @@ def pubmedqa_item(pmid: str, record: Any) -> EvalItem:
             documents.append(Document(id=f"{pmid}-{i + 1}", title=section, text=text.strip()))
     return EvalItem(
         id=str(pmid),
-        question=question.strip(),
+        question=f"{question.strip()} {ANSWER_HINT}",
         documents=documents,
         type="yesno",
         answers=[decision],

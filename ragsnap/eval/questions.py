@@ -72,16 +72,13 @@ def item_block(records: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def by_item(records: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Records grouped per item (items in id order; runs full first, then press, size)."""
+    """Records grouped per item (items in id order; the full cache first, then grid order)."""
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[str(r["item_id"])].append(r)
 
-    def order(r: dict[str, Any]) -> tuple[int, str, float]:
-        budget = r.get("budget")
-        return (r["press"] != "full", r["press"], -1.0 if budget is None else float(budget))
-
-    return [sorted(groups[k], key=order) for k in sorted(groups)]
+    # stable sort: the full cache first, the others in the stored (grid) order
+    return [sorted(groups[k], key=lambda r: r["press"] != "full") for k in sorted(groups)]
 
 
 def question_section(out_dir: Path, records: Sequence[dict[str, Any]]) -> list[str]:
