@@ -74,6 +74,7 @@ def provenance(
         "model": getattr(loaded, "model_id", None),
         "model_revision": getattr(loaded, "revision", None),
         "device": str(getattr(engine, "device", "")),
+        "dtype": str(getattr(getattr(loaded, "model", None), "dtype", "")) or None,
         "threads": torch.get_num_threads(),
         "grid": list(grid_configs),
         "layer_profile": layer_profile or "auto",
