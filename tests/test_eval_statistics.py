@@ -67,14 +67,16 @@ def _folder(path, records, settings):
 
 
 def test_compare_pairs_items_and_names_the_settings_that_differ(tmp_path, capsys):
-    a = _folder(tmp_path / "a", _records([0.4] * 6), {"seed": 0, "press_options": {"window": 32}})
+    grid = [{"press": "full"}, {"press": "snapkv", "window": 32}]
+    a = _folder(tmp_path / "a", _records([0.4] * 6), {"seed": 0, "provenance": {"grid": grid}})
+    grid_b = [grid[0], {"press": "snapkv", "window": 8}]
     b = _folder(
-        tmp_path / "b", _records([0.1] * 5 + [0.9]), {"seed": 0, "press_options": {"window": 8}}
+        tmp_path / "b", _records([0.1] * 5 + [0.9]), {"seed": 0, "provenance": {"grid": grid_b}}
     )
     assert main(["eval", "compare", str(a), str(b), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["shared_items"] == 6
-    assert result["settings_differ"] == [{"key": "press_options.window", "a": 32, "b": 8}]
+    assert result["settings_differ"] == [{"key": "provenance.grid.1.window", "a": 32, "b": 8}]
     ragsnap = next(p for p in result["points"] if p["press"] == "ragsnap")
     kl = ragsnap["metrics"]["kl"]
     assert (kl["b_lower"], kl["b_higher"]) == (5, 1)
@@ -83,7 +85,7 @@ def test_compare_pairs_items_and_names_the_settings_that_differ(tmp_path, capsys
     assert kl["sign_p"] == pytest.approx(0.21875)
     assert main(["eval", "compare", str(a), str(b)]) == 0
     text = capsys.readouterr().out
-    assert "press_options.window: A 32  B 8" in text and "ragsnap budget 64 (n=6):" in text
+    assert "provenance.grid.1.window: A 32  B 8" in text and "ragsnap budget 64 (n=6):" in text
 
 
 def test_compare_of_runs_without_shared_items_exits_2(tmp_path, capsys):

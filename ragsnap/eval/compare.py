@@ -43,6 +43,9 @@ def read_run(folder: Path) -> tuple[dict[Key, dict[str, Any]], dict[str, Any]]:
 
 
 def _flat(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Dotted keys of nested objects; lists of objects (the press grid) by index."""
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        value = {str(i): v for i, v in enumerate(value)}
     if isinstance(value, dict):
         for key, inner in value.items():
             yield from _flat(inner, f"{prefix}.{key}" if prefix else str(key))
