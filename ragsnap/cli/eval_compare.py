@@ -23,7 +23,7 @@ def register_compare(eval_parser: argparse.ArgumentParser) -> None:
         "compare",
         help="compare two eval output folders (paired by item and press x budget)",
         description="Pair the items of two 'ragsnap eval' output folders by id and press x "
-        "budget; print per-metric means, the paired delta (B - A) with a bootstrap 95%% "
+        "budget; print per-metric means, the paired delta (B - A) with a bootstrap 95% "
         "interval over items, the exact sign test, and the settings that differ.",
     )
     parser.add_argument("run_a", type=Path, metavar="RUN_A", help="first --out folder")

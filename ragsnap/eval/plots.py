@@ -124,11 +124,16 @@ def plot_needles(out_dir: Path, records: Sequence[dict[str, Any]]) -> list[str]:
             image = ax.imshow(data, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
             ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
             ax.set_yticks(range(len(depths)), [f"{d:g}%" for d in depths])
-            ax.set_xlabel("prompt tokens")
+            ax.set_xlabel("prompt length (tokens)")
             ax.set_ylabel("needle depth")
-            ax.set_title(f"{press} budget {budget_label(budget)}")
+            count = sum(
+                1
+                for r in records
+                if r["type"] == "needle" and (r["press"], r.get("budget")) == (press, budget)
+            )
+            ax.set_title(f"{press} budget {budget_label(budget)} (n={count})", fontsize=10)
         if image is not None:
-            fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="accuracy")
+            fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="needle accuracy (share)")
         name = f"needle_heatmap_{press}.png"
         fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
