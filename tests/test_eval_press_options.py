@@ -131,3 +131,22 @@ def test_a_wrongly_guessed_format_says_it_was_guessed(no_model, tmp_path, capsys
     status = main(["eval", "--data", str(data), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert status == 2 and "format bioasq (guessed; give --format)" in err
+
+
+def test_checkout_is_recorded_only_for_a_git_work_tree(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    import ragsnap
+    from ragsnap.eval.provenance import source_checkout
+
+    package = Path(ragsnap.__file__).resolve().parent
+    head = subprocess.run(
+        ["git", "-C", str(package.parent), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+    )
+    if head.returncode == 0:
+        assert source_checkout(package)["commit"] == head.stdout.strip()
+    (tmp_path / "ragsnap").mkdir()
+    assert source_checkout(tmp_path / "ragsnap") is None  # an installed copy: no commit
