@@ -20,13 +20,8 @@ from ragsnap.eval.report import (
     write_metrics,
     write_report,
 )
-from ragsnap.eval.runner import (
-    GridPoint,
-    output_dir,
-    press_grid,
-    run_items,
-    select_records,
-)
+from ragsnap.eval.grid import GridPoint, press_grid
+from ragsnap.eval.runner import output_dir, run_items, select_records
 from ragsnap.eval.store import PredictionStore, check_settings
 from ragsnap.generation import GenerationConfig
 
