@@ -10,6 +10,7 @@ from typing import Any
 
 from ragsnap.eval.aggregate import build_runs
 from ragsnap.eval.datasets import guess_format, load_items
+from ragsnap.eval.grid import GridPoint, press_grid
 from ragsnap.eval.items import LoadedItems
 from ragsnap.eval.niah import build_needles
 from ragsnap.eval.provenance import provenance
@@ -20,7 +21,6 @@ from ragsnap.eval.report import (
     write_metrics,
     write_report,
 )
-from ragsnap.eval.grid import GridPoint, press_grid
 from ragsnap.eval.runner import output_dir, run_items, select_records
 from ragsnap.eval.store import PredictionStore, check_settings
 from ragsnap.generation import GenerationConfig
