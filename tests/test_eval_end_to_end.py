@@ -90,7 +90,9 @@ def check_consistency(out, expected_items):
     header = report.split("## Metrics")[1].splitlines()[2]
     columns = [c.strip() for c in header.strip("|").split("|")]
     for run in runs:
-        expected = {"press", "budget", "n", "metrics", "retention", "timings"}
+        expected = {"press", "budget", "n", "metrics", "ci", "retention", "timings"}
+        for key, (low, high) in run["ci"].items():  # bootstrap 95% interval of the mean
+            assert low - 1e-6 <= run["metrics"][key] <= high + 1e-6
         if run["press"] not in ("full", "snapkv"):  # paired with snapkv at its budget
             expected.add("versus")
             assert run["versus"]["n"] == expected_items

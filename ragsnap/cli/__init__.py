@@ -86,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = ["ragsnap", *(sys.argv[1:] if argv is None else argv)]  # for provenance
     verbose = getattr(args, "verbose", False)
     args.verbose = verbose
     logging.basicConfig(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ragsnap.cli.options import add_model_options
+from ragsnap.cli.options import add_model_options, add_press_tuning_options, press_tuning_from_args
 from ragsnap.cli.progress import loading_model
+from ragsnap.errors import InputError
 
 
 def _ints(text: str) -> list[int]:
@@ -31,6 +32,7 @@ def _names(text: str) -> list[str]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ragsnap.compression import PRESSES
+    from ragsnap.eval.datasets import FORMATS
 
     parser = subparsers.add_parser(
         "eval",
@@ -45,21 +47,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=("bioasq", "jsonl", "hotpotqa", "niah", "structured", "kvretrieval"),
+        choices=FORMATS,
         help="data format (guessed from --data when omitted)",
     )
-    parser.add_argument(
+    group = parser.add_argument_group("compression (each press of the grid)")
+    group.add_argument(
         "--press",
         type=_names,
         default=["full", "snapkv"],
         help=f"comma-separated presses (from: {', '.join(PRESSES)}); full is always run",
     )
-    parser.add_argument(
+    size = group.add_mutually_exclusive_group()
+    size.add_argument(
         "--budget",
         type=_ints,
         default=[128, 256, 512],
         help="comma-separated budgets, tokens kept per KV head (default 128,256,512)",
     )
+    size.add_argument(
+        "--ratio",
+        type=_floats,
+        help="comma-separated shares of the prompt kept per KV head, in (0, 1] (instead of "
+        "--budget)",
+    )
+    add_press_tuning_options(group)  # the same options as `ragsnap ask`
     parser.add_argument("--limit", type=int, help="evaluate the first N items")
     parser.add_argument(
         "--offset", type=int, default=0, help="skip the first N items (held-out calibration)"
@@ -70,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-new-tokens", type=int, help="answer length cap (default 64; 16 for niah)"
     )
-    parser.add_argument("--out", type=Path, required=True, help="output folder (resumable)")
+    parser.add_argument("--out", type=Path, help="output folder (resumable; required)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     group = parser.add_argument_group("bioasq / jsonl / hotpotqa")
@@ -111,18 +122,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_options(parser)
     parser.set_defaults(handler=run)
+    from ragsnap.cli.eval_compare import register_compare
+
+    register_compare(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from ragsnap.engine import RagSnapEngine
     from ragsnap.eval.evaluate import EvalRequest, evaluate
 
+    if args.out is None:
+        raise InputError("ragsnap eval needs --out DIR (or: ragsnap eval compare A B)", field="out")
     request = EvalRequest(
         out=args.out,
         data=args.data,
         format=args.format,
         presses=args.press,
         budgets=args.budget,
+        ratios=args.ratio,
+        press_options=press_tuning_from_args(args),
+        command=getattr(args, "argv", None),
         limit=args.limit,
         offset=args.offset,
         seed=args.seed,
@@ -139,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
         plots=not args.no_plots,
         progress=not args.no_progress,
     )
-    request.validate()  # bad input fails before the model loads
+    request.validate()  # bad input fails before the model loads: options,
+    request.check_data()  # and data that does not parse as the (guessed) format
     with loading_model(args.model, args.device):
         engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype)
     result = evaluate(engine, request)
@@ -147,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         f"evaluated {result.evaluated} items ({result.resumed} already done, "
         f"{result.malformed} malformed skipped) -> {result.out}"
     )
+    size_word = "ratio" if request.ratios else "budget"
     for run_ in result.runs:
         m = run_["metrics"]
         head = next(
@@ -154,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
         )
         score = f"{head} {m[head]:.3f}, " if head else ""
         print(
-            f"  {run_['press']:>12} budget {str(run_['budget'] or 'all'):>5}  n={run_['n']:<4} "
+            f"  {run_['press']:>12} {size_word} {str(run_['budget'] or 'all'):>5}  "
+            f"n={run_['n']:<4} "
             f"{score}agreement {m.get('agreement', 0):.3f}, KL {m.get('kl', 0):.4f}"
         )
         cites = [

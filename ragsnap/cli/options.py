@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
 from ragsnap.errors import ConfigError
@@ -43,6 +43,11 @@ def add_press_options(parser: argparse.ArgumentParser) -> None:
         "--budget", type=int, help="tokens kept per KV head, window included (default 512)"
     )
     size.add_argument("--ratio", type=float, help="share of the prompt kept per KV head, in (0, 1]")
+    add_press_tuning_options(group)
+
+
+def add_press_tuning_options(group: argparse._ActionsContainer) -> None:
+    """The press options beside the press and its size (shared by ``ask`` and ``eval``)."""
     group.add_argument(
         "--window",
         type=int,
@@ -73,6 +78,18 @@ def add_press_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def press_tuning_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`add_press_tuning_options` values as :func:`make_press` options (None when
+    not given, so each press keeps its default)."""
+    return {
+        "window": args.window,
+        "kernel": args.kernel,
+        "pooling": args.pooling,
+        "profile": args.layer_profile,
+        "keep_instruction": getattr(args, "keep_instruction", False) or None,
+    }
+
+
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("generation")
     group.add_argument("--max-new-tokens", type=int, default=128, help="longest answer, in tokens")
@@ -82,15 +99,7 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
 
 
 def press_from_args(args: argparse.Namespace) -> Press:
-    options = {
-        "budget": args.budget,
-        "ratio": args.ratio,
-        "window": args.window,
-        "kernel": args.kernel,
-        "pooling": args.pooling,
-        "profile": args.layer_profile,
-        "keep_instruction": getattr(args, "keep_instruction", False) or None,
-    }
+    options = {"budget": args.budget, "ratio": args.ratio, **press_tuning_from_args(args)}
     if args.press == "full":
         return make_press("full")
     if args.budget is not None and args.budget < 1:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from statistics import fmean
 from typing import Any
 
+from ragsnap.eval.confidence import CI_SCORES, bootstrap_ci, sign_test
 from ragsnap.eval.metrics import macro_f1
 
 # mean over the records that have a value (None = not applicable to that item)
@@ -73,11 +74,12 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             metrics[key] = value
     yesno = [r["scores"] for r in records if r["type"] == "yesno"]
     if yesno:
+        gold = [s["yesno_gold"] for s in yesno]
+        # PubMedQA's macro-F1 is over yes/no/maybe; BioASQ's over yes/no
+        three = "maybe" in gold or any(r.get("dataset") == "pubmedqa" for r in records)
+        labels = ("yes", "no", "maybe") if three else ("yes", "no")
         metrics["yesno_macro_f1"] = round(
-            macro_f1(
-                [s["yesno_gold"] for s in yesno], [s["yesno_pred"] for s in yesno], ("yes", "no")
-            ),
-            6,
+            macro_f1(gold, [s["yesno_pred"] for s in yesno], labels), 6
         )
     needles = [r for r in records if r["type"] == "needle"]
     for axis in ("length", "depth"):
@@ -116,7 +118,8 @@ def versus(
 
     ``baseline`` maps item id -> the baseline's record. Returns the number of paired items,
     the ratio of mean KLs (None when the baseline's is 0), and per-item counts of lower /
-    higher KL and of accuracy and agreement won / lost; None when no item pairs.
+    higher KL and of accuracy and agreement won / lost, each with its exact two-sided
+    sign-test p-value (``*_sign_p``, ties left out); None when no item pairs.
     """
     pairs = [
         (r["scores"], baseline[r["item_id"]]["scores"]) for r in group if r["item_id"] in baseline
@@ -132,6 +135,7 @@ def versus(
         out["kl_ratio"] = round(fmean(s for s, _ in kls) / base_kl, 6) if base_kl else None
         out["kl_lower"] = sum(s < b for s, b in kls)
         out["kl_higher"] = sum(s > b for s, b in kls)
+        out["kl_sign_p"] = sign_test(out["kl_lower"], out["kl_higher"])
     for key in ("accuracy", "agreement"):
         scored = [
             (s[key], b[key]) for s, b in pairs if s.get(key) is not None and b.get(key) is not None
@@ -139,12 +143,23 @@ def versus(
         if scored:
             out[f"{key}_won"] = sum(s > b for s, b in scored)
             out[f"{key}_lost"] = sum(s < b for s, b in scored)
+            out[f"{key}_sign_p"] = sign_test(out[f"{key}_won"], out[f"{key}_lost"])
+    return out
+
+
+def intervals(records: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Bootstrap 95% intervals over items of the :data:`CI_SCORES` means."""
+    out = {}
+    for key in CI_SCORES:
+        ci = bootstrap_ci([r["scores"][key] for r in records if r["scores"].get(key) is not None])
+        if ci is not None:
+            out[key] = list(ci)
     return out
 
 
 def build_runs(
     records: Sequence[dict[str, Any]],
-    points: Sequence[tuple[str, int | None]],
+    points: Sequence[tuple[str, float | None]],
     baseline: str = "snapkv",
 ) -> list[dict[str, Any]]:
     """One run per (press, budget) in ``points`` order that has records.
@@ -153,9 +168,9 @@ def build_runs(
     the full cache scores 0 there). When ``baseline`` ran too, every other compressed run
     gets ``versus``: a paired comparison with it at the same budget (:func:`versus`).
     """
-    by_point: dict[tuple[str, int | None], list[dict[str, Any]]] = defaultdict(list)
+    by_point: dict[tuple[str, float | None], list[dict[str, Any]]] = defaultdict(list)
     full_by_item: dict[str, dict[str, Any]] = {}
-    baseline_by_budget: dict[int | None, dict[str, dict[str, Any]]] = defaultdict(dict)
+    baseline_by_budget: dict[float | None, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in records:
         by_point[(r["press"], r.get("budget"))].append(r)
         if r["press"] == "full":
@@ -183,6 +198,7 @@ def build_runs(
             "budget": budget,
             "n": len(group),
             "metrics": metrics,
+            "ci": intervals(group),
             "retention": retention,
             "timings": timings(group),
         }

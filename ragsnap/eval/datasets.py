@@ -13,7 +13,8 @@ from ragsnap.documents import Document
 from ragsnap.errors import InputError
 from ragsnap.eval.items import ITEM_TYPES, EvalItem, LoadedItems, Malformed
 
-FORMATS = ("bioasq", "jsonl", "hotpotqa", "niah", "structured", "kvretrieval")
+FORMATS = ("bioasq", "jsonl", "hotpotqa", "pubmedqa", "niah", "structured", "kvretrieval")
+DATA_FORMATS = ("bioasq", "jsonl", "hotpotqa", "pubmedqa", "kvretrieval")  # read from --data
 
 
 def _strings(value: Any, what: str) -> list[str]:
@@ -181,7 +182,8 @@ def load_items(
     count_tokens: Callable[[str], int] | None = None,
     types: tuple[str, ...] | None = None,
 ) -> LoadedItems:
-    """Load a data set of format ``bioasq``, ``jsonl``, ``hotpotqa`` or ``kvretrieval``
+    """Load a data set of format ``bioasq``, ``jsonl``, ``hotpotqa``, ``pubmedqa`` or
+    ``kvretrieval``
     (``niah`` and ``structured`` items are built by :func:`ragsnap.eval.niah.build_needles`
     and :func:`ragsnap.eval.structured.build_structured`)."""
     if path is None:
@@ -204,6 +206,10 @@ def load_items(
         )
     elif fmt == "hotpotqa":
         loaded = _merge([load_hotpotqa(p, seed) for p in _files(path, "*.json")])
+    elif fmt == "pubmedqa":
+        from ragsnap.eval.pubmedqa import load_pubmedqa
+
+        loaded = _merge([load_pubmedqa(p) for p in _files(path, "*.json")])
     elif fmt == "kvretrieval":
         from ragsnap.eval.structured import load_kv_retrieval
 
@@ -229,12 +235,32 @@ def _merge(parts: list[LoadedItems]) -> LoadedItems:
     )
 
 
+def _head(path: Path, size: int = 4096) -> str:
+    import gzip
+
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
+            return str(handle.read(size)).lstrip()
+    except OSError:
+        return ""
+
+
 def guess_format(path: Path) -> str:
-    """``jsonl`` for .jsonl files, ``hotpotqa`` for a JSON list, else ``bioasq``."""
-    if path.is_file() and path.suffix == ".jsonl":
-        return "jsonl"
-    if path.is_file() and path.suffix == ".json":
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            head = handle.read(64).lstrip()
-        return "hotpotqa" if head.startswith("[") else "bioasq"
+    """The format of a data file, from its name and first characters (a folder: from its
+    first data file): ``kvretrieval`` for JSON lines of ``ordered_kv_records``, ``jsonl``
+    for other .jsonl files, ``hotpotqa`` for a JSON list, ``pubmedqa`` for an object of
+    records with ``QUESTION``, else ``bioasq``."""
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and ".json" in p.name)
+        return guess_format(files[0]) if files else "bioasq"
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        first_line = _head(path).split("\n", 1)[0]
+        return "kvretrieval" if '"ordered_kv_records"' in first_line else "jsonl"
+    if path.suffix == ".json":
+        head = _head(path)
+        if head.startswith("["):
+            return "hotpotqa"
+        if head.startswith("{") and '"QUESTION"' in head and '"questions"' not in head[:64]:
+            return "pubmedqa"
     return "bioasq"

@@ -10,8 +10,10 @@ from typing import Any
 
 from ragsnap.eval.aggregate import build_runs
 from ragsnap.eval.datasets import guess_format, load_items
+from ragsnap.eval.grid import GridPoint, press_grid
 from ragsnap.eval.items import LoadedItems
 from ragsnap.eval.niah import build_needles
+from ragsnap.eval.provenance import provenance
 from ragsnap.eval.report import (
     plot_needles,
     plot_scores,
@@ -19,7 +21,7 @@ from ragsnap.eval.report import (
     write_metrics,
     write_report,
 )
-from ragsnap.eval.runner import output_dir, press_grid, run_items, select_records
+from ragsnap.eval.runner import output_dir, run_items, select_records
 from ragsnap.eval.store import PredictionStore, check_settings
 from ragsnap.generation import GenerationConfig
 
@@ -38,6 +40,9 @@ class EvalRequest:
     format: str | None = None
     presses: list[str] = field(default_factory=lambda: ["full", "snapkv"])
     budgets: list[int] = field(default_factory=lambda: [128, 256, 512])
+    ratios: list[float] | None = None  # instead of budgets: shares of the prompt kept
+    # window, kernel, pooling, profile, keep_instruction (None: each press's default)
+    press_options: dict[str, Any] = field(default_factory=dict)
     limit: int | None = None
     offset: int = 0
     seed: int = 0
@@ -53,6 +58,7 @@ class EvalRequest:
     answer_prefix: bool = True
     plots: bool = True
     progress: bool = True
+    command: list[str] | None = None  # the command line, for provenance (default sys.argv)
 
     @property
     def resolved_format(self) -> str:
@@ -106,7 +112,42 @@ class EvalRequest:
             raise ConfigError("--limit must be at least 1", field="limit")
         if self.samples < 1:
             raise ConfigError("--samples must be at least 1", field="samples")
-        press_grid(self.presses, self.budgets)  # unknown presses, bad budgets
+        profile = self.press_options.get("profile")
+        if profile not in (None, "auto", "uniform") and not Path(profile).is_file():
+            raise InputError(f"--layer-profile not found: {profile}", field="layer_profile")
+        self.grid()  # unknown presses, bad budgets, options no press takes
+
+    def grid(self) -> list[GridPoint]:
+        return press_grid(
+            self.presses, self.budgets, ratios=self.ratios, options=self.press_options
+        )
+
+    def check_data(self) -> int:
+        """Parse ``--data`` with the (given or guessed) format, before any model loads:
+        the number of usable items; raises InputError with the first problem when none is
+        usable (a wrong ``--format`` fails here, in one line)."""
+        from ragsnap.errors import InputError
+
+        fmt = self.resolved_format
+        if fmt in GENERATED or self.data is None:
+            return 0
+        how = f"--format {fmt}" if self.format else f"format {fmt} (guessed; give --format)"
+        try:
+            loaded = load_items(fmt, self.data, seed=self.seed, types=None)
+        except (KeyError, TypeError, AttributeError) as exc:  # a loader surprised by the layout
+            raise InputError(
+                f"{self.data} does not parse as {how}: {type(exc).__name__} {exc}", field="data"
+            ) from exc
+        except InputError as exc:
+            reason = str(exc).removeprefix(f"{self.data}: ")
+            raise InputError(
+                f"{self.data} does not parse as {how}: {reason}", field="data"
+            ) from exc
+        if not loaded.items:
+            first = loaded.malformed[0] if loaded.malformed else None
+            reason = f"first problem: {first.where}: {first.reason}" if first else "no items"
+            raise InputError(f"{self.data} does not parse as {how}: {reason}", field="data")
+        return len(loaded.items)
 
     def generation(self) -> GenerationConfig:
         tokens = self.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(self.resolved_format, 64)
@@ -124,6 +165,8 @@ class EvalRequest:
         return {
             "model": model_id,
             "format": fmt,
+            "size": "ratio" if self.ratios else "budget",
+            "press_options": {k: v for k, v in self.press_options.items() if v is not None},
             "data": str(source),
             "needles": str(self.needles),
             "max_new_tokens": self.generation().max_new_tokens,
@@ -195,8 +238,17 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
     malformed.json and the plots into ``request.out``."""
     request.validate()
     out = output_dir(request.out)
-    grid = press_grid(request.presses, request.budgets)
-    check_settings(out, request.settings(engine.loaded.model_id))
+    grid = request.grid()
+    configs = [{"press": g.press, "size": g.budget, **g.instance.config()} for g in grid]
+    check_settings(
+        out,
+        request.settings(engine.loaded.model_id),
+        {
+            "provenance": provenance(
+                engine, configs, request.command, request.press_options.get("profile")
+            )
+        },
+    )
     loaded = load_request_items(engine, request)
     rest = loaded.items[request.offset :]
     items = rest[: request.limit] if request.limit else rest
@@ -220,7 +272,10 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
         "data": str(request.haystack if fmt == "niah" else request.data),
         **({"structures": ", ".join(request.structures)} if request.structures else {}),
         "presses": ", ".join(dict.fromkeys(g.press for g in grid)),
-        "budgets": ", ".join(map(str, request.budgets)),
+        ("ratios" if request.ratios else "budgets"): ", ".join(
+            map(str, request.ratios or request.budgets)
+        ),
+        **{k: v for k, v in request.press_options.items() if v is not None},
         "max_new_tokens": request.generation().max_new_tokens,
         "seed": request.seed,
     }

@@ -61,10 +61,14 @@ def split_candidates(answer: str) -> list[str]:
 # -- yes / no -------------------------------------------------------------------------
 
 
+YESNO_LABELS = ("yes", "no", "maybe")  # "maybe": PubMedQA's third answer
+
+
 def yesno_label(answer: str) -> str | None:
-    """``"yes"`` or ``"no"``, whichever word comes first in the answer; None if neither."""
+    """``"yes"``, ``"no"`` or ``"maybe"``, whichever word comes first in the answer; None
+    if none does (a BioASQ "maybe" is simply wrong: its gold is yes or no)."""
     for word in normalize_words(answer):
-        if word in ("yes", "no"):
+        if word in YESNO_LABELS:
             return word
     return None
 

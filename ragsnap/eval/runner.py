@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ragsnap.citations import extract_citations
-from ragsnap.compression import Press, make_press
-from ragsnap.errors import ConfigError, RagSnapError
+from ragsnap.errors import RagSnapError
 from ragsnap.eval.citation_eval import citation_methods
+from ragsnap.eval.explain import explain_score
 from ragsnap.eval.fidelity import fidelities, full_reference
+from ragsnap.eval.grid import GridPoint, press_grid
 from ragsnap.eval.items import EvalItem, Malformed
 from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_answer
 from ragsnap.eval.store import PredictionStore
@@ -31,36 +32,10 @@ from ragsnap.generation import GenerationConfig
 from ragsnap.prompt import PromptLayout, encode_user_text_with_offsets, format_document
 from ragsnap.structure import prompt_roles
 
+__all__ = ["EvalOutcome", "GridPoint", "evaluate_item", "press_grid", "run_items"]
+
 logger = logging.getLogger(__name__)
 _NUMBER_DONE = re.compile(r"\d[^\d]")
-
-
-@dataclass(frozen=True)
-class GridPoint:
-    """One press at one budget (``budget`` None for the full cache)."""
-
-    press: str
-    budget: int | None
-    instance: Press
-
-
-def press_grid(names: Sequence[str], budgets: Sequence[int]) -> list[GridPoint]:
-    """The full cache first (always: it is the reference), then each press at each budget.
-
-    Presses are looked up by registry name (:func:`make_press`), so presses added to
-    ``ragsnap.compression.PRESSES`` later are selectable too.
-    """
-    if not budgets:
-        raise ConfigError("give at least one --budget", field="budget")
-    grid = [GridPoint("full", None, make_press("full"))]
-    for name in dict.fromkeys(n.strip() for n in names if n.strip()):
-        if name == "full":
-            continue
-        for budget in budgets:
-            if budget < 1:
-                raise ConfigError(f"budgets must be positive, got {budget}", field="budget")
-            grid.append(GridPoint(name, budget, make_press(name, budget=budget)))
-    return grid
 
 
 @dataclass
@@ -207,6 +182,7 @@ def evaluate_item(
                 "answer": answer,
                 "full_answer": full_answer,
                 "gold_answers": item.answers or [g[0] for g in item.answer_groups],
+                "why": explain_score(item.type, answer, item.answers, item.answer_groups),
                 "citations": [c.doc_id for c in citations],
                 "attribution": cite_detail,
                 "gold_doc_ids": gold,
@@ -292,7 +268,7 @@ def select_records(
     """The stored records that belong to this run's items and grid (last write wins)."""
     wanted_items = {i.id for i in items}
     wanted_points = {(g.press, g.budget) for g in grid}
-    chosen: dict[tuple[str, str, int | None], dict[str, Any]] = {}
+    chosen: dict[tuple[str, str, float | None], dict[str, Any]] = {}
     for r in records:
         if r["item_id"] in wanted_items and (r["press"], r.get("budget")) in wanted_points:
             chosen[(r["item_id"], r["press"], r.get("budget"))] = r

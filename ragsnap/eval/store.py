@@ -18,7 +18,7 @@ PREDICTIONS = "predictions.jsonl"
 SETTINGS = "settings.json"
 
 
-def record_key(record: dict[str, Any]) -> tuple[str, str, int | None]:
+def record_key(record: dict[str, Any]) -> tuple[str, str, float | None]:
     """``(item_id, press, budget)``: one line of predictions.jsonl per key."""
     return str(record["item_id"]), str(record["press"]), record.get("budget")
 
@@ -32,7 +32,7 @@ class PredictionStore:
 
     def __init__(self, out_dir: Path) -> None:
         self.path = out_dir / PREDICTIONS
-        self.done: set[tuple[str, str, int | None]] = set()
+        self.done: set[tuple[str, str, float | None]] = set()
         self._repair()
         for record in self.records():
             self.done.add(record_key(record))
@@ -73,9 +73,12 @@ class PredictionStore:
             self.done.add(record_key(json.loads(line)))
 
 
-def check_settings(out_dir: Path, settings: dict[str, Any]) -> None:
-    """Write ``settings`` to ``DIR/settings.json``, or refuse when the folder already holds
-    predictions made with different ones (presses, budgets and --limit may change)."""
+def check_settings(
+    out_dir: Path, settings: dict[str, Any], extra: dict[str, Any] | None = None
+) -> None:
+    """Write ``settings`` (and ``extra``, e.g. provenance, never compared) to
+    ``DIR/settings.json``, or refuse when the folder already holds predictions made with
+    different settings (presses, budgets and --limit may change)."""
     path = out_dir / SETTINGS
     if path.exists():
         try:
@@ -83,11 +86,15 @@ def check_settings(out_dir: Path, settings: dict[str, Any]) -> None:
         except json.JSONDecodeError:
             previous = None
         if isinstance(previous, dict):
-            changed = sorted(k for k in settings if k in previous and previous[k] != settings[k])
+            changed = sorted(
+                k
+                for k in settings
+                if k in previous and k not in (extra or {}) and previous[k] != settings[k]
+            )
             if changed and (out_dir / PREDICTIONS).exists():
                 raise ConfigError(
                     f"{out_dir} holds predictions made with other settings ({', '.join(changed)} "
                     "differ); use another --out or the same settings",
                     field=changed[0],
                 )
-    path.write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    path.write_text(json.dumps({**settings, **(extra or {})}, indent=2) + "\n", encoding="utf-8")
