@@ -147,3 +147,25 @@ def test_the_service_bounds_a_long_answer_and_names_a_bad_setting(engine):
     assert stats["new_tokens"] > 8 + 1 and stats["decode_reselections"] > 0
     assert refused.status_code == 422
     assert refused.json()["error"]["param"] == "compression.decode_window"
+
+
+def test_eval_refuses_a_bad_decode_setting_before_loading(tiny, tmp_path, capsys):
+    from ragsnap.cli import main
+
+    code = main(
+        [
+            "eval",
+            "--format",
+            "niah",
+            "--haystack",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "o"),
+            "--decode-slack",
+            "8",
+            "--decode-window",
+            "16",
+        ]
+    )
+    assert code == 2
+    assert "decode window" in capsys.readouterr().err

@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         offset=args.offset,
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
+        decode_slack=args.decode_slack,
+        decode_window=args.decode_window,
         context_tokens=args.context_tokens,
         types=args.types,
         haystack=args.haystack,

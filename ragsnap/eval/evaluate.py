@@ -8,6 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ragsnap.compression.decode_snapkv import DecodeSnapKV, decode_compression
 from ragsnap.eval.aggregate import build_runs
 from ragsnap.eval.datasets import guess_format, load_items
 from ragsnap.eval.grid import GridPoint, press_grid
@@ -47,6 +48,8 @@ class EvalRequest:
     offset: int = 0
     seed: int = 0
     max_new_tokens: int | None = None
+    decode_slack: int | None = None  # decode-phase SnapKV for the compressed caches
+    decode_window: int | None = None
     context_tokens: int | None = None
     types: list[str] | None = None
     haystack: Path | None = None
@@ -116,6 +119,7 @@ class EvalRequest:
         if profile not in (None, "auto", "uniform") and not Path(profile).is_file():
             raise InputError(f"--layer-profile not found: {profile}", field="layer_profile")
         self.grid()  # unknown presses, bad budgets, options no press takes
+        self.decode()  # a decode window without a slack, or larger than it
 
     def grid(self) -> list[GridPoint]:
         return press_grid(
@@ -153,6 +157,9 @@ class EvalRequest:
         tokens = self.max_new_tokens or DEFAULT_MAX_NEW_TOKENS.get(self.resolved_format, 64)
         return GenerationConfig(max_new_tokens=tokens, temperature=0.0)
 
+    def decode(self) -> DecodeSnapKV | None:
+        return decode_compression(self.decode_slack, self.decode_window)
+
     def settings(self, model_id: str) -> dict[str, Any]:
         """What the stored predictions depend on (a rerun must match these)."""
         fmt = self.resolved_format
@@ -170,6 +177,7 @@ class EvalRequest:
             "data": str(source),
             "needles": str(self.needles),
             "max_new_tokens": self.generation().max_new_tokens,
+            **({"decode": decode.config()} if (decode := self.decode()) is not None else {}),
             **values,
         }
 
@@ -255,7 +263,14 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
     store = PredictionStore(out)
     fmt = request.resolved_format
     outcome = run_items(
-        engine, items, grid, store, request.generation(), dataset=fmt, progress=request.progress
+        engine,
+        items,
+        grid,
+        store,
+        request.generation(),
+        dataset=fmt,
+        progress=request.progress,
+        decode=request.decode(),
     )
     malformed = loaded.malformed + outcome.malformed
     records = select_records(store.records(), items, grid)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ragsnap.citations import extract_citations
+from ragsnap.compression.decode_snapkv import DecodeSnapKV
 from ragsnap.errors import RagSnapError
 from ragsnap.eval.citation_eval import citation_methods
 from ragsnap.eval.explain import explain_score
@@ -91,11 +92,20 @@ class _Decoded:
 
 
 def _decode_rows(
-    engine: Any, prefills: Sequence[Any], generation: GenerationConfig, stop: Any
+    engine: Any,
+    prefills: Sequence[Any],
+    generation: GenerationConfig,
+    stop: Any,
+    decode: DecodeSnapKV | None = None,
 ) -> list[tuple[list[int], float, int]]:
-    """Greedy answers of every prefill as rows of one batch: ``(tokens, decode_s, steps)``."""
+    """Greedy answers of every prefill as rows of one batch: ``(tokens, decode_s, steps)``.
+
+    ``decode`` (decode-phase SnapKV) applies to every row but the first (the full cache)."""
     batch = engine.runtime.decode_batch()
-    rows = [batch.add(i, p, generation, stop) for i, p in enumerate(prefills)]
+    rows = [
+        batch.add(i, p, generation, stop, decode_compression=decode if i else None)
+        for i, p in enumerate(prefills)
+    ]
     for _ in batch.run():
         pass
     return [(r.tokens, r.decode_s, r.steps) for r in rows]
@@ -107,8 +117,12 @@ def evaluate_item(
     grid: Sequence[GridPoint],
     generation: GenerationConfig,
     dataset: str,
+    decode: DecodeSnapKV | None = None,
 ) -> list[dict[str, Any]]:
-    """Records (one per grid point) for ``item``; raises RagSnapError when it cannot run."""
+    """Records (one per grid point) for ``item``; raises RagSnapError when it cannot run.
+
+    With ``decode``, compressed caches also re-select while decoding; their answers show
+    it, their teacher-forced fidelity (over the prompt's cache) does not."""
     layout = engine.build_prompt(
         item.question, item.documents, generation, answer_prefix=item.answer_prefix
     )
@@ -123,7 +137,7 @@ def evaluate_item(
     ]
     # the full cache and every compressed cache decode together: one model call per step
     answers = _decode_rows(
-        engine, [results[0]] + [results[i] for i in compressed], generation, stop
+        engine, [results[0]] + [results[i] for i in compressed], generation, stop, decode
     )
     full_tokens, full_s, full_steps = answers[0]
     started = time.perf_counter()
@@ -225,6 +239,7 @@ def run_items(
     *,
     dataset: str,
     progress: bool = True,
+    decode: DecodeSnapKV | None = None,
 ) -> EvalOutcome:
     """Evaluate every item not yet complete in ``store`` (with a tqdm bar and ETA)."""
     from tqdm import tqdm
@@ -249,7 +264,7 @@ def run_items(
         for item in todo:
             bar.set_postfix_str(item.id[:24])
             try:
-                records = evaluate_item(engine, item, grid, generation, dataset)
+                records = evaluate_item(engine, item, grid, generation, dataset, decode)
             except RagSnapError as exc:
                 logger.warning("item %s skipped: %s", item.id, exc)
                 outcome.malformed.append(Malformed(item.id, str(exc)))
