@@ -11,6 +11,7 @@ punctuation or articles).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from statistics import median
@@ -24,7 +25,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
     return round(ordered[rank - 1], 4)
 
 
