@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ragsnap.bench.peer_workload import PeerRequest
@@ -32,6 +32,8 @@ class Outcome:
     text: str = ""
     cache: str | None = None
     error: str | None = None
+    # where the server says the time went (ragsnap's `done` statistics), seconds
+    server_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -40,6 +42,17 @@ class Outcome:
             return None
         return (self.new_tokens - 1) / (self.total_s - self.ttft_s)
 
+
+# the stages of a ragsnap answer that its statistics time (see ragsnap.stats.AnswerStats)
+SERVER_TIMES = (
+    "ttft_s",
+    "prefill_s",
+    "compress_s",
+    "cache_load_s",
+    "decode_s",
+    "attribution_s",
+    "total_s",
+)
 
 Send = Callable[[Any, PeerRequest], Awaitable[Outcome]]
 
@@ -78,6 +91,11 @@ def ragsnap_sender(base_url: str, max_new_tokens: int, compression: dict[str, An
                         outcome.text = data["answer"]
                         outcome.new_tokens = int(data["stats"]["new_tokens"])
                         outcome.cache = data["stats"].get("cache")
+                        outcome.server_s = {
+                            k: float(data["stats"][k])
+                            for k in SERVER_TIMES
+                            if data["stats"].get(k) is not None
+                        }
                         outcome.ok = True
                     elif event == "error":
                         outcome.error = str(data)[:300]

@@ -48,6 +48,12 @@ def summarize_run(outcomes: Sequence[Outcome], wall_s: float) -> dict[str, Any]:
     }
     if caches:
         summary["cache"] = dict(sorted(caches.items()))
+    stages = {k for o in answered for k in o.server_s}
+    if stages:  # medians of the server's own timings: where the time goes
+        summary["server_s_p50"] = {
+            k: round(median(o.server_s[k] for o in answered if k in o.server_s), 4)
+            for k in sorted(stages)
+        }
     errors = [o.error for o in outcomes if o.error]
     if errors:
         summary["errors"] = errors[:3]
