@@ -192,3 +192,48 @@ def test_peer_run_against_ragsnap_and_a_stub_peer(tiny, tmp_path: Path, capsys) 
         assert level["new_question"]["ragsnap"]["cache"] == {"prefix-hit": 2}
     # the warm-up, then 2 levels x 3 scenarios x 2 prompts, all as token ids
     assert len(seen) == 1 + 2 * 3 * 2 and all(isinstance(t, int) for t in seen[1])
+
+
+def test_export_gives_vllm_a_plain_llama_folder(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from ragsnap import converted_weights
+    from ragsnap.bench.peer_servers import export_hf_folder
+    from tests.tiny_models import tiny_model, tiny_tokenizer
+
+    model = tiny_model("llama", tie_word_embeddings=True)
+    model.config.quantization_config = {"quant_method": "gguf", "gguf_file": "x.gguf"}
+    model.config.rope_parameters = {"rope_theta": 12345.0, "rope_type": "default"}
+    source = tmp_path / "converted"
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert converted_weights.save_converted(model, tiny_tokenizer(), gguf, source)
+    assert "model.embed_tokens.weight" not in load_file(str(source / "model.safetensors"))
+    target = export_hf_folder(source, tmp_path / "hf")
+    config = json.loads((target / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    assert config["rope_theta"] == 12345.0
+    weights = load_file(str(target / "model.safetensors"))
+    # the tied embedding under both names, as a Hugging Face loader finds it
+    assert weights["model.embed_tokens.weight"].equal(model.model.embed_tokens.weight)
+    assert weights["lm_head.weight"].equal(weights["model.embed_tokens.weight"])
+    assert (target / "tokenizer.json").is_file()
+
+
+def test_subprocess_server_waits_for_health_and_stops_its_group(tmp_path: Path) -> None:
+    import sys
+
+    from ragsnap.bench.peer_servers import free_port, subprocess_server
+    from ragsnap.errors import ConfigError
+
+    port = free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    with subprocess_server(
+        argv, {}, f"http://127.0.0.1:{port}/", tmp_path / "ok.log", 30
+    ) as process:
+        assert process.poll() is None
+    assert process.poll() is not None  # stopped when the block ended
+    failing = [sys.executable, "-c", "print('no model here'); raise SystemExit(3)"]
+    with pytest.raises(ConfigError, match="no model here"):
+        with subprocess_server(failing, {}, "http://127.0.0.1:9/", tmp_path / "bad.log", 30):
+            pass

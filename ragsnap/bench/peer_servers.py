@@ -128,17 +128,23 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float) -
 def subprocess_server(
     argv: Sequence[str], env: dict[str, str], health: str, log: Path, timeout_s: float
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``argv`` in its own process group until the block ends; wait for ``health``."""
+    """Run ``argv`` in its own process group until the block ends; wait for ``health``.
+
+    Raises :class:`ConfigError` with the end of the server's log when it exits or stays
+    unhealthy for ``timeout_s``."""
     with log.open("wb") as out:
         process = subprocess.Popen(
             list(argv), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            wait_healthy(health, process, timeout_s)
+            try:
+                wait_healthy(health, process, timeout_s)
+            except RuntimeError as exc:
+                from ragsnap.errors import ConfigError
+
+                tail = log.read_text(errors="replace").splitlines()[-15:]
+                raise ConfigError(f"{exc}; last lines of {log}:\n" + "\n".join(tail)) from None
             yield process
-        except RuntimeError as exc:
-            tail = log.read_text(errors="replace").splitlines()[-15:]
-            raise RuntimeError(f"{exc}; last lines of {log}:\n" + "\n".join(tail)) from None
         finally:
             _stop_group(process)
 
