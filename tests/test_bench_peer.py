@@ -237,3 +237,22 @@ def test_subprocess_server_waits_for_health_and_stops_its_group(tmp_path: Path) 
     with pytest.raises(ConfigError, match="no model here"):
         with subprocess_server(failing, {}, "http://127.0.0.1:9/", tmp_path / "bad.log", 30):
             pass
+
+
+def test_new_questions_ask_about_a_gold_document_by_its_title_or_first_words() -> None:
+    from ragsnap.bench.peer_workload import topic
+
+    docs = [
+        Document(id="1", title="Distractor", text="Nothing."),
+        Document(id="2", title="Eiffel Tower", text="A tower."),
+        Document(
+            id="3",
+            title="34022131",
+            text="Variants upstream of the gene change its expression a lot.",
+        ),
+    ]
+    assert topic(EvalItem("a", "q?", docs, gold_doc_ids=["2", "3"]), docs) == "Eiffel Tower"
+    # a PubMed id is no topic: the document's first words are
+    numbered = EvalItem("b", "q?", docs, gold_doc_ids=["3"])
+    assert topic(numbered, docs) == "Variants upstream of the gene change"
+    assert topic(EvalItem("c", "q?", docs), docs) == "Distractor"

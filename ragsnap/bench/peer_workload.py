@@ -82,6 +82,18 @@ def padded_documents(
     return documents
 
 
+def topic(item: EvalItem, documents: Sequence[Document]) -> str:
+    """What a new question asks about: the title of the item's first gold document (else
+    the first document's), or its first words where the title is empty or a bare number."""
+    by_id = {d.id: d for d in documents}
+    gold = [by_id[g] for g in item.gold_doc_ids if g in by_id] or list(documents)
+    doc = gold[0]
+    title = doc.title.strip()
+    if title and not title.replace("-", "").isdigit():
+        return title
+    return " ".join(doc.text.split()[:6])
+
+
 def build_request(
     request_id: str,
     question: str,
@@ -139,11 +151,10 @@ def build_workload(
                     item.id, item.question, docs, tokenizer, max_prompt_tokens, item.answers
                 )
             )
-            title = (item.gold_doc_ids or [docs[0].title])[0]
             new.append(
                 build_request(
                     f"{item.id}-new",
-                    NEW_QUESTION.format(title=title),
+                    NEW_QUESTION.format(title=topic(item, docs)),
                     cold[-1].documents,  # the same ordered documents: only the question differs
                     tokenizer,
                     max_prompt_tokens,
