@@ -1,0 +1,258 @@
+"""``ragsnap bench peer`` without vLLM: the workload's prompts, the figures, and a whole run
+against a real in-process ragsnap server and a stub peer that speaks the streaming
+``/v1/completions`` protocol over HTTP."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from ragsnap.bench.peer_clients import Outcome
+from ragsnap.bench.peer_stats import agreement, ratios, summarize_run, token_f1
+from ragsnap.bench.peer_workload import build_workload
+from ragsnap.cli import main
+from ragsnap.documents import Document
+from ragsnap.eval.items import EvalItem
+from ragsnap.prompt import assemble_prompt
+
+PEER_ANSWER = ["Paris", " is", " the", " capital", "."]
+
+
+def hotpot_records(count: int) -> list[dict]:
+    """MIRAGE-layout HotpotQA records: two gold paragraphs and a distractor each."""
+    return [
+        {
+            "_id": f"q{i}",
+            "question": f"Which city hosts landmark {i}?",
+            "answer": "Paris",
+            "title_a": f"Landmark {i}",
+            "para_a": [f"Landmark {i} stands in Paris. ", "It is old. " * 8],
+            "title_b": f"City {i}",
+            "para_b": [f"City {i} is a capital. ", "It has rivers. " * 8],
+            "distractors": [[f"Other {i}", ["Nothing to see here. " * 6], 0.1]],
+        }
+        for i in range(count)
+    ]
+
+
+def items(count: int) -> list[EvalItem]:
+    out = []
+    for r in hotpot_records(count):
+        docs = [
+            Document(id=r["title_a"], title=r["title_a"], text="".join(r["para_a"])),
+            Document(id=r["title_b"], title=r["title_b"], text="".join(r["para_b"])),
+        ]
+        out.append(
+            EvalItem(r["_id"], r["question"], docs, answers=["Paris"], gold_doc_ids=[r["title_a"]])
+        )
+    return out
+
+
+def test_workload_sends_ragsnaps_own_prompt_and_keeps_levels_apart(tiny) -> None:
+    tokenizer = tiny.tokenizer
+    pool = items(8)
+    workload = build_workload(
+        pool, tokenizer, levels=[1, 2], prompts=2, context_tokens=120, max_prompt_tokens=4000
+    )
+    assert set(workload) == {1, 2}
+    for level in workload.values():
+        for cold, new in zip(level["cold"], level["new_question"], strict=True):
+            layout = assemble_prompt(
+                tokenizer, cold.question, list(cold.documents), max_prompt_tokens=4000
+            )
+            assert list(cold.prompt_ids) == layout.input_ids  # token for token what ragsnap builds
+            assert len(cold.documents) > 2  # padded with other items' documents toward 120 tokens
+            # a new question over the same ordered documents: the document prefix is shared
+            assert new.documents == cold.documents and new.question != cold.question
+            prefix = layout.prefix_len
+            assert new.prompt_ids[:prefix] == cold.prompt_ids[:prefix]
+            assert new.prompt_ids[prefix:] != cold.prompt_ids[prefix:]
+        assert level["repeated"] == level["cold"]
+    first = {d.id for r in workload[1]["cold"] for d in r.documents[:2]}
+    second = {d.id for r in workload[2]["cold"] for d in r.documents[:2]}
+    assert not first & second  # each level's cold requests are cold
+    with pytest.raises(ValueError, match="items needed"):
+        build_workload(
+            pool[:3], tokenizer, levels=[1, 2], prompts=2, context_tokens=0, max_prompt_tokens=4000
+        )
+
+
+def test_figures_agreement_and_ratios() -> None:
+    ours = [
+        Outcome(
+            "a",
+            ok=True,
+            ttft_s=0.5,
+            total_s=1.5,
+            new_tokens=11,
+            prompt_tokens=9,
+            text="The answer is Paris [1].",
+        ),
+        Outcome("b", ok=True, ttft_s=1.0, total_s=2.0, new_tokens=3, prompt_tokens=9, text="Rome"),
+        Outcome("c", error="HTTP 500: boom"),
+    ]
+    theirs = [
+        Outcome(
+            "a",
+            ok=True,
+            ttft_s=0.2,
+            total_s=1.2,
+            new_tokens=11,
+            prompt_tokens=9,
+            text="answer is paris",
+        ),
+        Outcome("b", ok=True, ttft_s=0.4, total_s=0.9, new_tokens=3, prompt_tokens=9, text="Milan"),
+        Outcome("c", ok=True, ttft_s=0.4, total_s=0.9, new_tokens=3, prompt_tokens=9, text="x"),
+    ]
+    run = summarize_run(ours, wall_s=4.0)
+    assert run["answered"] == 2 and run["answers_per_s"] == 0.5
+    assert run["tokens_per_s"] == 3.5 and run["ttft_s"] == {"p50": 0.5, "p95": 1.0}
+    assert run["decode_tokens_per_s_p50"] == 6.0  # median of 10/1.0 and 2/1.0
+    assert run["errors"] == ["HTTP 500: boom"]
+    assert token_f1("The answer is Paris [1].", "answer is paris") == 1.0
+    assert token_f1("Rome", "Milan") == 0.0
+    agreed = agreement(ours, theirs)
+    assert agreed == {"pairs": 2, "exact_match": 0.5, "token_f1": 0.5, "same_prompt_tokens": True}
+    peer = summarize_run(theirs, wall_s=2.0)
+    assert ratios(run, peer)["answers_per_s"] == round(0.5 / 1.5, 3)
+
+
+def test_cli_refuses_bad_levels_and_scenarios(tiny, tmp_path, capsys) -> None:
+    data = tmp_path / "hotpot.json"
+    data.write_text(json.dumps(hotpot_records(2)))
+    assert main(["bench", "peer", "--data", str(data), "--concurrency", "two"]) == 2
+    assert "--concurrency" in capsys.readouterr().err
+    assert main(["bench", "peer", "--data", str(data), "--scenarios", "warm"]) == 2
+    assert "--scenarios" in capsys.readouterr().err
+
+
+def stub_peer_app(seen: list[list[int]]):
+    """A peer that streams a fixed answer for any token-id prompt, OpenAI's way."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> StreamingResponse:
+        body = await request.json()
+        assert body["stream"] and body["temperature"] == 0.0 and body["stop_token_ids"]
+        seen.append(body["prompt"])
+
+        def chunks():
+            for piece in PEER_ANSWER[: body["max_tokens"]]:
+                yield f"data: {json.dumps({'choices': [{'index': 0, 'text': piece}]})}\n\n"
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(PEER_ANSWER)}
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    return app
+
+
+def test_peer_run_against_ragsnap_and_a_stub_peer(tiny, tmp_path: Path, capsys) -> None:
+    from api.app import create_app
+    from api.local_server import running_server
+    from api.settings import Settings
+    from ragsnap.cache import open_store
+    from ragsnap.engine import RagSnapEngine
+
+    data = tmp_path / "hotpot.json"
+    data.write_text(json.dumps(hotpot_records(6)))
+    seen: list[list[int]] = []
+    engine = RagSnapEngine(tiny.loaded, store=open_store(f"file://{tmp_path / 'kv'}"))
+    settings = Settings(max_batch=2, max_queue=8)
+    with (
+        running_server(create_app(settings, engine=engine)) as ours,
+        running_server(stub_peer_app(seen)) as peer,
+    ):
+        args = ["bench", "peer", "--data", str(data), "--ragsnap-url", ours, "--vllm-url", peer]
+        args += ["--concurrency", "1,2", "--prompts", "2", "--context-tokens", "80"]
+        args += ["--max-new-tokens", "4", "--budget", "32"]
+        assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["runs"]) == {"c1", "c2"}
+    assert report["setup"]["vllm"]["prefix_caching"] is True
+    for level in report["runs"].values():
+        assert set(level) == {"cold", "repeated", "new_question"}
+        for entry in level.values():
+            for server in ("ragsnap", "vllm"):
+                assert entry[server]["answered"] == 2 and entry[server]["answers_per_s"] > 0
+            assert entry["agreement"]["pairs"] == 2
+            assert (
+                entry["agreement"]["same_prompt_tokens"] is True
+            )  # both prefilled the same prompt
+            assert entry["ratio"]["answers_per_s"] > 0
+            assert entry["vllm"]["new_tokens"] == 2 * len(PEER_ANSWER)
+            assert entry["ragsnap"]["server_s_p50"]["total_s"] > 0  # where ragsnap's time went
+        assert level["cold"]["ragsnap"]["cache"] == {"miss": 2}
+        assert level["repeated"]["ragsnap"]["cache"] == {"hit": 2}
+        assert level["new_question"]["ragsnap"]["cache"] == {"prefix-hit": 2}
+    # the warm-up, then 2 levels x 3 scenarios x 2 prompts, all as token ids
+    assert len(seen) == 1 + 2 * 3 * 2 and all(isinstance(t, int) for t in seen[1])
+
+
+def test_export_gives_vllm_a_plain_llama_folder(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from ragsnap import converted_weights
+    from ragsnap.bench.peer_servers import export_hf_folder
+    from tests.tiny_models import tiny_model, tiny_tokenizer
+
+    model = tiny_model("llama", tie_word_embeddings=True)
+    model.config.quantization_config = {"quant_method": "gguf", "gguf_file": "x.gguf"}
+    model.config.rope_parameters = {"rope_theta": 12345.0, "rope_type": "default"}
+    source = tmp_path / "converted"
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert converted_weights.save_converted(model, tiny_tokenizer(), gguf, source)
+    assert "model.embed_tokens.weight" not in load_file(str(source / "model.safetensors"))
+    target = export_hf_folder(source, tmp_path / "hf")
+    config = json.loads((target / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    assert config["rope_theta"] == 12345.0
+    weights = load_file(str(target / "model.safetensors"))
+    # the tied embedding under both names, as a Hugging Face loader finds it
+    assert weights["model.embed_tokens.weight"].equal(model.model.embed_tokens.weight)
+    assert weights["lm_head.weight"].equal(weights["model.embed_tokens.weight"])
+    assert (target / "tokenizer.json").is_file()
+
+
+def test_subprocess_server_waits_for_health_and_stops_its_group(tmp_path: Path) -> None:
+    import sys
+
+    from ragsnap.bench.peer_servers import free_port, subprocess_server
+    from ragsnap.errors import ConfigError
+
+    port = free_port()
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    with subprocess_server(
+        argv, {}, f"http://127.0.0.1:{port}/", tmp_path / "ok.log", 30
+    ) as process:
+        assert process.poll() is None
+    assert process.poll() is not None  # stopped when the block ended
+    failing = [sys.executable, "-c", "print('no model here'); raise SystemExit(3)"]
+    with pytest.raises(ConfigError, match="no model here"):
+        with subprocess_server(failing, {}, "http://127.0.0.1:9/", tmp_path / "bad.log", 30):
+            pass
+
+
+def test_new_questions_ask_about_a_gold_document_by_its_title_or_first_words() -> None:
+    from ragsnap.bench.peer_workload import topic
+
+    docs = [
+        Document(id="1", title="Distractor", text="Nothing."),
+        Document(id="2", title="Eiffel Tower", text="A tower."),
+        Document(
+            id="3",
+            title="34022131",
+            text="Variants upstream of the gene change its expression a lot.",
+        ),
+    ]
+    assert topic(EvalItem("a", "q?", docs, gold_doc_ids=["2", "3"]), docs) == "Eiffel Tower"
+    # a PubMed id is no topic: the document's first words are
+    numbered = EvalItem("b", "q?", docs, gold_doc_ids=["3"])
+    assert topic(numbered, docs) == "Variants upstream of the gene change"
+    assert topic(EvalItem("c", "q?", docs), docs) == "Distractor"
