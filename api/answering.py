@@ -90,7 +90,7 @@ def check_tokens(
     (counted by the served model's tokenizer, control strings split as the prompt does)."""
     from ragsnap.prompt import encode_user_text
 
-    tokenizer = services.engine.tokenizer
+    tokenizer = services.tokenizer
     asked = len(encode_user_text(tokenizer, question))
     if asked > settings.max_question_tokens:
         raise ApiError(
@@ -235,7 +235,7 @@ def answer_options(
     )
 
 
-def submit_job(
+async def submit_job(
     services: Services,
     question: str,
     documents: list[Document],
@@ -253,7 +253,7 @@ def submit_job(
     )
     log["documents"] = len(documents)
     try:
-        services.worker.submit(job)
+        await services.worker.admit(job)
     except QueueFullError as exc:
         raise ApiError(
             429,

@@ -43,6 +43,7 @@ class AnswerStats:
     stop_sequence: str | None = None  # the stop string that ended the answer
     dropped_doc_ids: list[str] = field(default_factory=list)
     truncated_doc_ids: list[str] = field(default_factory=list)
+    replica: str | None = None  # the Ray Serve replica that answered (None: in-process)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -75,7 +75,7 @@ async def answer(
         citations=body.citations,
     )
     log["stream"] = body.stream
-    job = submit_job(services, question, documents, options, namespace, log)
+    job = await submit_job(services, question, documents, options, namespace, log)
     if body.stream:
         return JobStreamingResponse(job, answer_events(job), log)
     try:
