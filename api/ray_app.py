@@ -33,7 +33,7 @@ from api.metrics import ServiceMetrics
 from api.ray_backend import Admission, RayAnswerBackend, RemoteAnswer
 from api.services import Services, start_services
 from api.settings import Settings
-from api.worker import AnswerJob, EngineWorker, QueueFullError, WorkerStoppedError
+from api.worker import AnswerJob, EngineWorker, JobFailure, QueueFullError, WorkerStoppedError
 from ragsnap.events import AnswerEvent, DoneEvent
 
 logger = logging.getLogger("ragsnap.api.ray")
@@ -87,9 +87,11 @@ class EngineReplica:
 
     async def answer(
         self, request: RemoteAnswer, route_key: str = ""
-    ) -> AsyncIterator[Admission | AnswerEvent | Any]:
-        """An :class:`Admission`, then (when accepted) the job's events or its failure.
-        Closing the stream (Ray Serve cancels it when the caller does) cancels the job."""
+    ) -> AsyncIterator[Admission | list[AnswerEvent | JobFailure]]:
+        """An :class:`Admission`, then (when accepted) the job's events or its failure, in
+        lists of those ready together: one Ray message per list, not per token, when
+        decoding outpaces the network. Closing the stream (Ray Serve cancels it when the
+        caller does) cancels the job."""
         job = AnswerJob(
             request_id=request.request_id,
             question=request.question,
@@ -107,10 +109,11 @@ class EngineReplica:
             return
         yield Admission(True, self.replica)
         try:
-            async for item in job.stream():
-                if isinstance(item, DoneEvent):
-                    item.stats.replica = self.replica
-                yield item
+            async for items in job.batches():
+                for item in items:
+                    if isinstance(item, DoneEvent):
+                        item.stats.replica = self.replica
+                yield items
         finally:
             job.cancel()  # a no-op once the job ended
 

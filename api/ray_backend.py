@@ -153,8 +153,9 @@ class RayAnswerBackend:
         try:
             while True:
                 try:
-                    async for item in stream:
-                        outcome = self._forward(job, item, outcome)
+                    async for items in stream:
+                        for item in items:
+                            outcome = self._forward(job, item, outcome)
                         relayed = True
                     break
                 except gone as exc:

@@ -160,6 +160,20 @@ class AnswerJob:
                 return
             yield item
 
+    async def batches(self) -> AsyncIterator[list[AnswerEvent | JobFailure]]:
+        """:meth:`stream` in lists: each waits for one item, then takes every item already
+        queued (a remote caller then pays its per-message cost once per list)."""
+        while True:
+            batch = [await self.events.get()]
+            while batch[-1] is not _END and not self.events.empty():
+                batch.append(self.events.get_nowait())
+            ended = batch[-1] is _END
+            items = [item for item in batch if item is not _END]
+            if items:
+                yield items
+            if ended:
+                return
+
     @property
     def queue_s(self) -> float | None:
         return None if self.started_at is None else self.started_at - self.accepted_at

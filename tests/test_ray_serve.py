@@ -166,10 +166,12 @@ def _answer_elsewhere(cluster, body, avoid):
     )
     other = next(i for i in range(60, 90) if replica_of(cluster, other_docs(i))["replica"] != avoid)
     key = route_key(_namespace(), _documents(other_docs(other)))
-    items = list(cluster.engine_handle().options(stream=True).answer.remote(request, route_key=key))
-    assert isinstance(items[0], Admission) and items[0].accepted
-    assert isinstance(items[-1], DoneEvent)
-    return items[-1]
+    stream = cluster.engine_handle().options(stream=True).answer.remote(request, route_key=key)
+    admission, *batches = list(stream)
+    assert isinstance(admission, Admission) and admission.accepted
+    events = [event for batch in batches for event in batch]
+    assert isinstance(events[-1], DoneEvent)
+    return events[-1]
 
 
 REJECTED = [  # (headers, path, body): each refused before any engine work
