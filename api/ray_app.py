@@ -25,7 +25,6 @@ import ray
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 from ray import serve
-from ray.serve.config import RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
 from api.app import create_app
@@ -180,13 +179,19 @@ def build_app(args: dict[str, Any] | RayAppArgs | None = None) -> serve.Applicat
     if gpus is None:
         gpus = 1.0 if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) >= 1 else 0.0
     ongoing = config.max_ongoing_requests or settings.max_queue + settings.max_batch + 8
-    engine = EngineReplica.options(
-        num_replicas=config.replicas,
-        ray_actor_options={"num_cpus": config.replica_cpus, "num_gpus": gpus},
-        # a streamed answer holds its slot to the end: Ray's default (5) would queue
-        # requests at the router, before the replica's own queue could answer 429
-        max_ongoing_requests=ongoing,
-        request_router_config=RequestRouterConfig(request_router_class=ROUTER_CLASS),
-    ).bind(config.settings)
-    ingress = Ingress.options(ray_actor_options={"num_cpus": config.ingress_cpus})
+    engine = (
+        cast(serve.Deployment, EngineReplica)
+        .options(
+            num_replicas=config.replicas,
+            ray_actor_options={"num_cpus": config.replica_cpus, "num_gpus": gpus},
+            # a streamed answer holds its slot to the end: Ray's default (5) would queue
+            # requests at the router, before the replica's own queue could answer 429
+            max_ongoing_requests=ongoing,
+            request_router_config={"request_router_class": ROUTER_CLASS},
+        )
+        .bind(config.settings)
+    )
+    ingress = cast(serve.Deployment, Ingress).options(
+        ray_actor_options={"num_cpus": config.ingress_cpus}
+    )
     return ingress.bind(engine, config.settings, config.admit_timeout_s)

@@ -121,7 +121,7 @@ class RayAnswerBackend:
 
     async def _open(self, request: RemoteAnswer, key: str) -> Any:
         """A streaming call whose replica accepted the job (retried on a dead replica)."""
-        gone = _replica_gone()
+        unavailable: tuple[type[BaseException], ...] = (StopAsyncIteration, *_replica_gone())
         for _ in range(self.retries + 1):
             stream = self._handle.remote(request, route_key=key)
             try:
@@ -132,7 +132,7 @@ class RayAnswerBackend:
             except asyncio.CancelledError:  # the client left while the request was routed
                 stream.cancel()
                 raise
-            except (StopAsyncIteration, *gone) as exc:
+            except unavailable as exc:
                 logger.warning("replica unavailable for request %s: %r", request.request_id, exc)
                 stream.cancel()
                 continue

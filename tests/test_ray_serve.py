@@ -243,7 +243,9 @@ def test_full_replica_queue_is_429_and_disconnects_cancel_in_the_replica(cluster
         refused.read()
         assert refused.json()["error"]["code"] == "queue_full" and refused.headers["Retry-After"]
         load = replica_of(cluster, docs)
-        assert load["replica"] == home["replica"] and load["answering"] + load["waiting"] == accepted
+        assert (
+            load["replica"] == home["replica"] and load["answering"] + load["waiting"] == accepted
+        )
     finally:
         for client, response in opened:
             response.close()

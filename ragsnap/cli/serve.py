@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from ragsnap.cli.progress import loading_model
 
@@ -57,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def given_settings(args: argparse.Namespace) -> dict[str, object]:
+def given_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the options name (the rest comes from the environment)."""
     given = {
         "host": args.host,

@@ -17,7 +17,7 @@ from typing import Any
 APP_NAME = "ragsnap"
 
 
-def run_on_ray(args: argparse.Namespace, settings: Any, given: dict[str, object]) -> int:
+def run_on_ray(args: argparse.Namespace, settings: Any, given: dict[str, Any]) -> int:
     """Start (or join) Ray, run the application on ``settings.host:port``, block until Ctrl-C."""
     try:
         import ray
