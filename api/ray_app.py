@@ -64,6 +64,7 @@ class EngineReplica:
         self.settings = Settings(**(settings or {}))
         self.services = start_services(self.settings, ServiceMetrics(), None)
         self.worker = cast(EngineWorker, self.services.worker)
+        self.cancelled = 0  # answers whose caller left before their end
         self.replica = serve.get_replica_context().replica_id.unique_id
         logger.info("replica %s ready: %s", self.replica, self.services.model_id)
 
@@ -82,6 +83,7 @@ class EngineReplica:
             "actor_name": ray.get_runtime_context().get_actor_name(),
             "waiting": self.worker.depth,
             "answering": self.worker.scheduler.running,
+            "cancelled": self.cancelled,
         }
 
     async def answer(
@@ -107,14 +109,18 @@ class EngineReplica:
             yield Admission(False, self.replica, 503, 5)
             return
         yield Admission(True, self.replica)
+        ended = False
         try:
             async for items in job.batches():
                 for item in items:
                     if isinstance(item, DoneEvent):
                         item.stats.replica = self.replica
                 yield items
+            ended = True
         finally:
-            job.cancel()  # a no-op once the job ended
+            if not ended:  # the caller cancelled the stream: stop the answer
+                self.cancelled += 1
+                job.cancel()
 
     def check_health(self) -> None:
         if not self.worker.running:

@@ -25,7 +25,7 @@ SETTINGS = {
     "max_question_chars": 300,
     "max_question_tokens": 24,
     "max_new_tokens_limit": 400,
-    "rate_limit_per_minute": 120,
+    "rate_limit_per_minute": 60,
     "rate_limit_burst": 30,
 }
 
@@ -213,8 +213,13 @@ def test_auth_and_limits_answer_as_in_process(cluster, local_url):
 def test_rate_limit_429_as_in_process(cluster, local_url):
     headers = {"Authorization": f"Bearer {BURST_KEY}"}
     for url in (cluster.url, local_url):
-        codes = [httpx.get(f"{url}/v1/models", headers=headers).status_code for _ in range(40)]
-        assert codes[:28] == [200] * 28 and 429 in codes[28:]
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            codes = list(
+                pool.map(
+                    lambda u: httpx.get(u, headers=headers).status_code, [f"{url}/v1/models"] * 45
+                )
+            )
+        assert set(codes) == {200, 429} and codes.count(200) >= 30  # the burst, then refused
         limited = httpx.get(f"{url}/v1/models", headers=headers)
         assert limited.status_code == 429 and int(limited.headers["Retry-After"]) >= 1
         assert limited.json()["error"]["code"] == "rate_limited"
@@ -250,10 +255,12 @@ def test_full_replica_queue_is_429_and_disconnects_cancel_in_the_replica(cluster
         for client, response in opened:
             response.close()
             client.close()
-    deadline = time.monotonic() + 10  # 400 tokens x 4 answers would take far longer
+    deadline = time.monotonic() + 30
     while (load := replica_of(cluster, docs))["answering"] + load["waiting"]:
         assert time.monotonic() < deadline, load
         time.sleep(0.1)
+    # every accepted answer was stopped in the replica by its client's disconnect
+    assert load["cancelled"] - home["cancelled"] == accepted
 
 
 def test_a_dead_replica_ends_its_streams_cleanly_and_the_other_answers(cluster):
