@@ -63,6 +63,7 @@ def ray_app(settings: dict[str, Any], headers: dict[str, str], **args: Any) -> I
     import ray
     from ray import serve
     from ray._common.utils import import_attr
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 
     saved = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_ADDRESS")}
     os.environ.update(RAY_ENV)
@@ -74,8 +75,11 @@ def ray_app(settings: dict[str, Any], headers: dict[str, str], **args: Any) -> I
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        builder = import_attr(app["import_path"])
-        serve.run(builder(merged), name=app["name"], route_prefix=app["route_prefix"])
+        # what `serve run deploy/serve.yaml` does with the application's import path and args
+        target = call_user_app_builder_with_args_if_necessary(
+            import_attr(app["import_path"]), merged
+        )
+        serve.run(target, name=app["name"], route_prefix=app["route_prefix"])
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, headers)
         yield RayApp(url=url, name=app["name"], config=config, settings=merged["settings"])
