@@ -170,6 +170,10 @@ class RayAnswerBackend:
                         job.relay(JobFailure(503, REPLICA_GONE_MESSAGE, code="replica_failed"))
                         outcome = "error"
                         break
+            if outcome == "cancelled" and not job.is_cancelled():
+                # the replica's stream ended without an answer nobody asked it to stop
+                job.relay(JobFailure(503, REPLICA_GONE_MESSAGE, code="replica_failed"))
+                outcome = "error"
         except asyncio.CancelledError:
             stream.cancel()
         except Exception as exc:
