@@ -71,6 +71,6 @@ def test_dockerfile_copies_what_exists_and_cuda_installs_flash_attn():
     ]
     assert any(dep.startswith("flash-attn") for dep in extras["gpu"])
     cuda_branch = text.split('if [ "$CUDA" = "1" ]', 1)[1].split("else", 1)[0]
-    assert "gpu]" in cuda_branch and "ARG CUDA=0" in text
+    assert '["gpu"]' in cuda_branch and "flash-attn" in cuda_branch and "ARG CUDA=0" in text
     assert any(dep.startswith("ray[serve]") for dep in extras["ray"])
     assert any("ray" in dep for dep in extras["dev"] if dep.startswith("ragsnap["))
