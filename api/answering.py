@@ -91,7 +91,7 @@ def check_tokens(
     (counted by the served model's tokenizer, control strings split as the prompt does)."""
     from ragsnap.prompt import encode_user_text
 
-    tokenizer = services.engine.tokenizer
+    tokenizer = services.tokenizer
     asked = len(encode_user_text(tokenizer, question))
     if asked > settings.max_question_tokens:
         raise ApiError(
@@ -241,7 +241,7 @@ def answer_options(
     )
 
 
-def submit_job(
+async def submit_job(
     services: Services,
     question: str,
     documents: list[Document],
@@ -259,7 +259,7 @@ def submit_job(
     )
     log["documents"] = len(documents)
     try:
-        services.worker.submit(job)
+        await services.worker.admit(job)
     except QueueFullError as exc:
         raise ApiError(
             429,

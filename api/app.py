@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -22,12 +22,21 @@ from ragsnap.errors import RagSnapError
 logger = logging.getLogger("ragsnap.api")
 
 
-def create_app(settings: Settings | None = None, engine: RagSnapEngine | None = None) -> FastAPI:
+ServicesFactory = Callable[[Settings, ServiceMetrics], Awaitable[Services]]
+
+
+def create_app(
+    settings: Settings | None = None,
+    engine: RagSnapEngine | None = None,
+    services_factory: ServicesFactory | None = None,
+) -> FastAPI:
     """Build the service.
 
     With ``engine`` (already loaded) the worker starts with the app; without it the model
     named by ``settings.model`` loads in the background while ``/healthz`` answers and
     ``/readyz`` says 503. Either way one worker thread owns the engine until shutdown.
+    ``services_factory`` replaces both: it builds the services (another answer backend,
+    such as a Ray Serve ingress's) in the background, with the same 503 until it is done.
     """
     settings = settings or Settings()
     metrics = ServiceMetrics()
@@ -35,7 +44,10 @@ def create_app(settings: Settings | None = None, engine: RagSnapEngine | None = 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loading: asyncio.Task[Services] | None = None
-        if engine is not None:
+        if services_factory is not None:
+            loading = asyncio.ensure_future(services_factory(settings, metrics))
+            loading.add_done_callback(lambda task: _adopt(app, task))
+        elif engine is not None:
             app.state.services = start_services(settings, metrics, engine)
         else:
             loading = asyncio.ensure_future(

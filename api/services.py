@@ -1,4 +1,10 @@
-"""What the app holds while it runs: the engine, its worker and the corpus index."""
+"""What the app holds while it runs: the answer backend, the model's identity and tokenizer,
+the KV store and the corpus index.
+
+In-process the backend is an :class:`EngineWorker` around the loaded engine; on a Ray
+Serve ingress it is the engine deployment's handle (``engine`` is None there: the ingress
+holds the replicas' tokenizer, for the token limits, and no model).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from api.backend import AnswerBackend
 from api.metrics import ServiceMetrics
 from api.settings import Settings
 from api.worker import EngineWorker
@@ -20,25 +27,34 @@ _PING_TIMEOUT_S = 0.5
 
 @dataclass
 class Services:
-    engine: RagSnapEngine
-    worker: EngineWorker
+    engine: RagSnapEngine | None
+    worker: AnswerBackend
     index: BM25Index | None = None
     ping_every_s: float = 1.5
+    tokenizer: Any = None  # the engine's, unless given
+    model_id: str = ""  # the engine's, unless given
+    device: str = ""  # the engine's, unless given
+    store: Any = None  # the engine's KV store, unless given
     _ping: tuple[float, bool] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.engine is not None:
+            if self.tokenizer is None:
+                self.tokenizer = self.engine.tokenizer
+            if self.store is None:
+                self.store = getattr(self.engine, "store", None)
+            self.model_id = self.model_id or str(self.engine.loaded.model_id)
+            self.device = self.device or str(self.engine.device)
 
     @property
     def ready(self) -> bool:
         return self.worker.running
 
-    @property
-    def model_id(self) -> str:
-        return str(self.engine.loaded.model_id)
-
     def cache_state(self) -> dict[str, Any]:
         """``{"state": "off" | "ok" | "unavailable", "backend": ...}``: the store is asked
         (a ping with a short timeout) at most once per ``ping_every_s``; the backend is
         named without credentials or server paths."""
-        store = getattr(self.engine, "store", None)
+        store = self.store
         if store is None or not getattr(store, "enabled", True):
             return {"state": "off"}
         now = time.monotonic()

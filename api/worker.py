@@ -76,6 +76,7 @@ class AnswerJob:
 
     metrics: ServiceMetrics | None = None
     on_close: Any = None  # called with the job when it ends (the worker's job-time average)
+    on_cancel: Any = None  # called once when cancelled (a remote backend stops its call)
     _stopper: StopFilter | None = None
 
     def __post_init__(self) -> None:
@@ -83,7 +84,11 @@ class AnswerJob:
             self._stopper = StopFilter(self.options.generation.stop)
 
     def cancel(self) -> None:
+        if self.cancelled.is_set():
+            return
         self.cancelled.set()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
     # -- the scheduler's side (``ragsnap.scheduler.Request``) ---------------------------
 
@@ -106,6 +111,14 @@ class AnswerJob:
                 self._emit(piece)
         else:
             self._emit(event)
+
+    def relay(self, item: AnswerEvent | JobFailure) -> None:
+        """An event (or failure) computed elsewhere (a Ray Serve replica): its stop strings
+        were applied there."""
+        if isinstance(item, JobFailure):
+            self._send(item)
+        else:
+            self._emit(item)
 
     def _emit(self, event: AnswerEvent) -> None:
         if event.type == "token":
@@ -146,6 +159,20 @@ class AnswerJob:
             if item is _END:
                 return
             yield item
+
+    async def batches(self) -> AsyncIterator[list[AnswerEvent | JobFailure]]:
+        """:meth:`stream` in lists: each waits for one item, then takes every item already
+        queued (a remote caller then pays its per-message cost once per list)."""
+        while True:
+            batch = [await self.events.get()]
+            while batch[-1] is not _END and not self.events.empty():
+                batch.append(self.events.get_nowait())
+            ended = batch[-1] is _END
+            items = [item for item in batch if item is not _END]
+            if items:
+                yield items
+            if ended:
+                return
 
     @property
     def queue_s(self) -> float | None:
@@ -219,6 +246,10 @@ class EngineWorker:
                 raise QueueFullError(self._retry_after(live))
             job.metrics, job.on_close = self.metrics, self._job_ended
             self.scheduler.submit(job)
+
+    async def admit(self, job: AnswerJob) -> None:
+        """:meth:`submit`, as the :class:`api.backend.AnswerBackend` seam calls it."""
+        self.submit(job)
 
     def _retry_after(self, waiting: int) -> int:
         """Seconds until a slot is likely free: the waiting jobs share the batch."""

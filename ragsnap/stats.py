@@ -44,6 +44,7 @@ class AnswerStats:
     decode_reselections: int = 0  # layer selections of decode-phase SnapKV
     dropped_doc_ids: list[str] = field(default_factory=list)
     truncated_doc_ids: list[str] = field(default_factory=list)
+    replica: str | None = None  # the Ray Serve replica that answered (None: in-process)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

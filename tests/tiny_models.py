@@ -103,3 +103,17 @@ def random_prompt(length: int, seed: int = 0) -> list[int]:
     """``length`` token ids avoiding EOS (id 1)."""
     generator = torch.Generator().manual_seed(seed)
     return (torch.randint(2, VOCAB, (length,), generator=generator)).tolist()
+
+
+def save_tiny_model(path, arch: str = "llama", seed: int = 0, eos: bool = False) -> str:
+    """Save a tiny random ``arch`` model and its tokenizer to ``path`` (a directory that
+    ``--model`` loads, in another process too); without ``eos`` the tokenizer has no end
+    token, so every answer runs to ``max_new_tokens``."""
+    model = tiny_model(arch, "sdpa", seed)
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(path)
+    tokenizer = tiny_tokenizer()
+    if not eos:
+        tokenizer.eos_token = None
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -78,7 +78,7 @@ async def answer(
         kept_tokens=body.kept_tokens,
     )
     log["stream"] = body.stream
-    job = submit_job(services, question, documents, options, namespace, log)
+    job = await submit_job(services, question, documents, options, namespace, log)
     if body.stream:
         return JobStreamingResponse(job, answer_events(job), log)
     try:

@@ -41,7 +41,7 @@ async def readyz(request: Request) -> JSONResponse:
     body = {
         "status": "ready",
         "model": services.model_id,
-        "device": str(services.engine.device),
+        "device": services.device,
         # the ping may wait for its timeout: off the event loop
         "cache": await asyncio.to_thread(services.cache_state),
         "corpus_passages": len(services.index) if services.index is not None else None,

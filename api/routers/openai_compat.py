@@ -152,7 +152,7 @@ async def chat_completions(
         chat=chat,
     )
     log["stream"] = body.stream
-    job = submit_job(services, parsed.question, documents, options, namespace, log)
+    job = await submit_job(services, parsed.question, documents, options, namespace, log)
     base = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion.chunk",

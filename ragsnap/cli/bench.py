@@ -15,6 +15,7 @@ BENCHMARKS = {
     "load": "concurrent clients against a running ragsnap server",
     "batch": "aggregate decode tokens/s of batched requests, compressed vs full caches",
     "peer": "ragsnap serve against vLLM on the same RAG requests: answers/s, TTFT, agreement",
+    "overhead": "Ray Serve's added latency per request and per streamed token vs in-process",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from ragsnap.cli.progress import loading_model
 
@@ -41,16 +42,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="token budget of a scheduler step: prefill chunk + one per running request (128)",
     )
+    ray = parser.add_argument_group("Ray Serve (pip install 'ragsnap[ray]')")
+    ray.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve on Ray Serve: a local Ray head in this process, or the cluster at "
+        "$RAY_ADDRESS; engine replicas share the --cache store (use redis://)",
+    )
+    ray.add_argument("--replicas", type=int, help="engine replicas with --ray (default 2)")
+    ray.add_argument(
+        "--replica-cpus", type=float, help="CPUs reserved per replica (default 1; 0.5 allowed)"
+    )
+    ray.add_argument(
+        "--replica-gpus",
+        type=float,
+        help="GPUs per replica (default: 1 when the cluster has GPUs, else 0)",
+    )
     parser.set_defaults(handler=run)
 
 
-def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """Settings from the environment, overridden by the options given."""
-    from pydantic import ValidationError
-
-    from api.settings import Settings
-    from ragsnap.errors import ConfigError
-
+def given_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the options name (the rest comes from the environment)."""
     given = {
         "host": args.host,
         "port": args.port,
@@ -63,8 +75,18 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
         "max_batch": args.max_batch,
         "step_tokens": args.step_tokens,
     }
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Settings from the environment, overridden by the options given."""
+    from pydantic import ValidationError
+
+    from api.settings import Settings
+    from ragsnap.errors import ConfigError
+
     try:
-        return Settings(**{k: v for k, v in given.items() if v is not None})
+        return Settings(**given_settings(args))
     except ValidationError as exc:
         first = exc.errors()[0]
         name = ".".join(str(p) for p in first["loc"])
@@ -85,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         ) from None
 
     settings = settings_from_args(args)
+    if getattr(args, "ray", False):
+        from ragsnap.cli.serve_ray import run_on_ray
+
+        return run_on_ray(args, settings, given_settings(args))
     logging.getLogger("ragsnap").setLevel(logging.INFO)  # the one-line-per-request access log
     with loading_model(settings.model, settings.device):
         engine = load_engine(settings)  # fails here, with one clear line, before binding

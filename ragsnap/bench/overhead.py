@@ -1,0 +1,148 @@
+"""``ragsnap bench overhead``: what Ray Serve adds per request and per streamed token.
+
+One run starts the in-process server and the Ray Serve application (one engine replica,
+a local Ray head) on the same model and the same file KV store, warms the cache, then
+alternates identical requests between the two, so both see the same machine noise and
+answer from cache hits (no prefill in the timings). Reported, in milliseconds:
+
+- ``per_request_ms``: median latency of a whole (non-streamed) one-token answer, Ray
+  minus in-process;
+- ``per_chunk_ms``: the streamed answer of ``--tokens`` tokens, Ray minus in-process,
+  less the same difference for a one-token stream, divided by the extra tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+DOCS = [
+    {"id": "tides", "title": "Tides", "text": "Tides are caused mostly by the gravity of the Moon."}
+]
+PRESS = {"press": "snapkv", "budget": 48, "window": 8}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="embedded", help="model of both servers")
+    parser.add_argument("--rounds", type=int, default=20, help="timed requests of each kind")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens of the long stream")
+    parser.add_argument("--replica-cpus", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per engine")
+
+
+def _time(url: str, body: dict[str, Any]) -> tuple[float, int]:
+    """Seconds until the whole answer (or the stream's end) arrived, and its tokens."""
+    import httpx
+
+    start = time.perf_counter()
+    if body.get("stream"):
+        tokens = 0
+        with httpx.stream("POST", f"{url}/v1/answer", json=body, timeout=300) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                tokens += line == "event: token"
+        return time.perf_counter() - start, tokens
+    response = httpx.post(f"{url}/v1/answer", json=body, timeout=300)
+    response.raise_for_status()
+    return time.perf_counter() - start, int(response.json()["stats"]["new_tokens"])
+
+
+def _medians(urls: dict[str, str], body: dict[str, Any], rounds: int) -> dict[str, Any]:
+    times: dict[str, list[float]] = {name: [] for name in urls}
+    tokens: dict[str, int] = {}
+    for url in urls.values():  # warm: the answer is then a cache hit on both
+        _time(url, body)
+    for _ in range(rounds):
+        for name, url in urls.items():
+            elapsed, tokens[name] = _time(url, body)
+            times[name].append(elapsed)
+    return {
+        "median_s": {name: round(statistics.median(t), 5) for name, t in times.items()},
+        "tokens": tokens,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    import ray
+    import torch
+    from ray import serve
+
+    from api.app import create_app
+    from api.local_server import running_server
+    from api.ray_app import RayAppArgs, build_app
+    from api.services import load_engine
+    from api.settings import Settings
+
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    with tempfile.TemporaryDirectory() as folder:
+        overrides = {"model": args.model, "device": "cpu", "cache_url": f"file://{folder}"}
+        overrides["max_new_tokens_limit"] = max(512, args.tokens)
+        settings = Settings(**overrides)
+        ray.init(include_dashboard=False, log_to_driver=False)
+        try:
+            port = _free_port()
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            app_args = RayAppArgs(replicas=1, replica_cpus=args.replica_cpus, settings=overrides)
+            serve.run(build_app(app_args), name="overhead", route_prefix="/")
+            ray_url = f"http://127.0.0.1:{port}"
+            _wait_ready(ray_url)
+            with running_server(create_app(settings, engine=load_engine(settings))) as local:
+                urls = {"in_process": local, "ray": ray_url}
+                one = {"question": "What causes tides?", "documents": DOCS, "compression": PRESS}
+                whole = _medians(urls, {**one, "max_new_tokens": 1}, args.rounds)
+                short = _medians(urls, {**one, "max_new_tokens": 1, "stream": True}, args.rounds)
+                long = _medians(
+                    urls, {**one, "max_new_tokens": args.tokens, "stream": True}, args.rounds
+                )
+        finally:
+            serve.shutdown()
+            ray.shutdown()
+    print(json.dumps(summarize(args, whole, short, long), indent=2))
+    return 0
+
+
+def summarize(
+    args: argparse.Namespace, whole: dict[str, Any], short: dict[str, Any], long: dict[str, Any]
+) -> dict[str, Any]:
+    def gap(run: dict[str, Any]) -> float:
+        return float(run["median_s"]["ray"] - run["median_s"]["in_process"])
+
+    extra_tokens = max(1, long["tokens"]["ray"] - short["tokens"]["ray"])
+    return {
+        "model": args.model,
+        "rounds": args.rounds,
+        "cpus": os.cpu_count(),
+        "per_request_ms": round(gap(whole) * 1000, 2),
+        "per_chunk_ms": round((gap(long) - gap(short)) * 1000 / extra_tokens, 3),
+        "whole_one_token": whole,
+        "stream_one_token": short,
+        "stream_long": long,
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(url: str, timeout: float = 600.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("the Ray Serve application did not become ready")

@@ -1,0 +1,66 @@
+"""``ragsnap serve --ray``: the service as a Ray Serve application.
+
+Without ``RAY_ADDRESS`` a Ray head starts in this process (its ports are chosen free, so
+a Redis on 6379 is left alone) and stops with it; with ``RAY_ADDRESS`` the application is
+deployed on that cluster and deleted from it on Ctrl-C (``serve deploy deploy/serve.yaml``
+leaves one running instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+APP_NAME = "ragsnap"
+
+
+def run_on_ray(args: argparse.Namespace, settings: Any, given: dict[str, Any]) -> int:
+    """Start (or join) Ray, run the application on ``settings.host:port``, block until Ctrl-C."""
+    try:
+        import ray
+        from ray import serve
+
+        from api.ray_app import RayAppArgs, build_app
+    except ImportError as exc:
+        from ragsnap.errors import ConfigError
+
+        raise ConfigError(
+            f"--ray needs the 'ray' extra: pip install 'ragsnap[ray]' ({exc.name})"
+        ) from None
+
+    app_args = RayAppArgs(
+        replicas=args.replicas or 2,
+        replica_cpus=args.replica_cpus or 1.0,
+        replica_gpus=args.replica_gpus,
+        settings=dict(given),
+    )
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+    else:
+        ray.init(include_dashboard=False)
+    try:
+        serve.start(http_options={"host": settings.host, "port": settings.port})
+        serve.run(build_app(app_args), name=APP_NAME, route_prefix="/")
+        where = f"the Ray cluster at {address}" if address else "a local Ray head"
+        print(
+            f"ragsnap: serving {settings.model} with {app_args.replicas} replica(s) on {where} "
+            f"at http://{settings.host}:{settings.port}; stop with Ctrl-C",
+            file=sys.stderr,
+            flush=True,
+        )
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        try:
+            serve.delete(APP_NAME)
+            if not address:
+                serve.shutdown()
+        finally:
+            ray.shutdown()
+    return 0

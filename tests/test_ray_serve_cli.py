@@ -1,0 +1,51 @@
+"""``ragsnap serve --ray``: a local Ray head in the command's process, stopped with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve")
+
+from tests.api_helpers import DOCS, FAST  # noqa: E402
+from tests.ray_cluster import RAY_ENV, free_port, wait_ready  # noqa: E402
+from tests.tiny_models import save_tiny_model  # noqa: E402
+
+
+def test_serve_ray_starts_a_local_head_and_stops_it(tmp_path):
+    model = save_tiny_model(tmp_path / "tiny")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_ENV)
+    command = [sys.executable, "-m", "ragsnap", "serve", "--ray", "--replicas", "1"]
+    command += ["--replica-cpus", "0.5", "--model", model, "--device", "cpu"]
+    command += ["--cache", "none", "--port", str(port)]
+    server = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, {})
+        body = {"question": "t5?", "documents": DOCS, "max_new_tokens": 2, "compression": FAST}
+        reply = httpx.post(f"{url}/v1/answer", json=body, timeout=60)
+        assert reply.status_code == 200 and reply.json()["stats"]["replica"]
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            _, err = server.communicate(timeout=60)
+        finally:
+            server.kill()
+    assert server.returncode == 0, err[-2000:]
+    assert "replica(s) on a local Ray head" in err
+    deadline = time.monotonic() + 10
+    while True:  # the port is free again: Serve's proxy went with the head
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+        except httpx.HTTPError:
+            break
+        assert time.monotonic() < deadline, "Serve still answers after the command ended"
+        time.sleep(0.5)
