@@ -10,11 +10,11 @@ from typing import Any
 
 from fastapi import Request
 
-from api.errors import ApiError
-from api.schemas import CitationsIn, CompressionIn, DocumentIn, RetrievalFields
-from api.services import Services
-from api.settings import Settings
-from api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError
+from ragsnap.api.errors import ApiError
+from ragsnap.api.schemas import CitationsIn, CompressionIn, DocumentIn, RetrievalFields
+from ragsnap.api.services import Services
+from ragsnap.api.settings import Settings
+from ragsnap.api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError
 from ragsnap.citations.options import CitationOptions
 from ragsnap.compression import DEFAULT_PRESS, make_press
 from ragsnap.compression.decode_snapkv import decode_compression

@@ -9,13 +9,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api.errors import install_error_handlers
-from api.metrics import ServiceMetrics
-from api.middleware import GuardMiddleware, RequestLogMiddleware
-from api.openapi import install_openapi
-from api.routers import answer, health, openai_compat, playground, search
-from api.services import Services, start_services
-from api.settings import Settings
+from ragsnap.api.errors import install_error_handlers
+from ragsnap.api.metrics import ServiceMetrics
+from ragsnap.api.middleware import GuardMiddleware, RequestLogMiddleware
+from ragsnap.api.openapi import install_openapi
+from ragsnap.api.routers import answer, health, openai_compat, playground, search
+from ragsnap.api.services import Services, start_services
+from ragsnap.api.settings import Settings
 from ragsnap.engine import RagSnapEngine
 from ragsnap.errors import RagSnapError
 

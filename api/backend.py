@@ -1,8 +1,8 @@
 """The answer backend seam: what the routes hand a job to.
 
-The routes build an :class:`api.worker.AnswerJob` and give it to ``Services.worker``, an
-:class:`AnswerBackend`. Two backends exist: :class:`api.worker.EngineWorker` (the
-scheduler thread of this process) and :class:`api.ray_backend.RayAnswerBackend` (the
+The routes build an :class:`ragsnap.api.worker.AnswerJob` and give it to ``Services.worker``, an
+:class:`AnswerBackend`. Two backends exist: :class:`ragsnap.api.worker.EngineWorker` (the
+scheduler thread of this process) and :class:`ragsnap.api.ray_backend.RayAnswerBackend` (the
 engine replicas of a Ray Serve application). Either way the job's events arrive on the
 job's own queue, and a refusal is raised by :meth:`AnswerBackend.admit` before any byte
 of the response is sent, so 429 and 503 are HTTP statuses in both.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from api.worker import AnswerJob
+    from ragsnap.api.worker import AnswerJob
 
 
 class AnswerBackend(Protocol):
@@ -35,8 +35,8 @@ class AnswerBackend(Protocol):
         ...
 
     async def admit(self, job: AnswerJob) -> None:
-        """Take ``job``: raises :class:`api.worker.QueueFullError` (429) or
-        :class:`api.worker.WorkerStoppedError` (503) when it cannot."""
+        """Take ``job``: raises :class:`ragsnap.api.worker.QueueFullError` (429) or
+        :class:`ragsnap.api.worker.WorkerStoppedError` (503) when it cannot."""
         ...
 
     def stop(self, timeout: float = 30.0) -> None:

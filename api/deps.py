@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from api.errors import ApiError
-from api.metrics import ServiceMetrics
-from api.services import Services
-from api.settings import Settings
+from ragsnap.api.errors import ApiError
+from ragsnap.api.metrics import ServiceMetrics
+from ragsnap.api.services import Services
+from ragsnap.api.settings import Settings
 
 
 def get_services(request: Request) -> Services:
@@ -33,7 +33,7 @@ def get_metrics(request: Request) -> ServiceMetrics:
 
 
 def get_namespace(request: Request) -> str:
-    """The caller's cache namespace, set by :class:`api.middleware.GuardMiddleware` after
+    """The caller's cache namespace, set by :class:`ragsnap.api.middleware.GuardMiddleware` after
     it checked the API key (one namespace per key; ``default`` when keys are off)."""
     return str(request.scope.get("state", {}).get("namespace", "default"))
 

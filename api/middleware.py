@@ -16,9 +16,9 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import OPENAI_PREFIX, error_body
-from api.metrics import ServiceMetrics
-from api.settings import Settings
+from ragsnap.api.errors import OPENAI_PREFIX, error_body
+from ragsnap.api.metrics import ServiceMetrics
+from ragsnap.api.settings import Settings
 
 access_logger = logging.getLogger("ragsnap.api.access")
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from api.answering import chat_context, inline_documents, resolve_documents
-from api.errors import ApiError
-from api.schemas import ChatCompletionRequest, DocumentIn
-from api.services import Services
-from api.settings import Settings
+from ragsnap.api.answering import chat_context, inline_documents, resolve_documents
+from ragsnap.api.errors import ApiError
+from ragsnap.api.schemas import ChatCompletionRequest, DocumentIn
+from ragsnap.api.services import Services
+from ragsnap.api.settings import Settings
 from ragsnap.citations import Citation, cited_indices
 from ragsnap.citations.sentences import split_sentences
 from ragsnap.conversation import ChatMessageText, ParsedChat, parse_messages

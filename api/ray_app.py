@@ -1,14 +1,14 @@
 """The Ray Serve application: an ingress serving the FastAPI app, and engine replicas.
 
 - :class:`EngineReplica` (``num_replicas`` of them): loads the engine named by the
-  settings, runs one :class:`api.worker.EngineWorker` (its continuous-batching scheduler)
+  settings, runs one :class:`ragsnap.api.worker.EngineWorker` (its continuous-batching scheduler)
   and streams each job's events back from :meth:`EngineReplica.answer`. Every replica
   opens the same ``cache_url``: with ``redis://`` they share one KV cache.
 - :class:`Ingress`: the very app of ``ragsnap serve`` (routes, auth, limits, errors, SSE,
-  metrics) from :func:`api.app.create_app`, with a :class:`api.ray_backend.RayAnswerBackend`
+  metrics) from :func:`ragsnap.api.app.create_app`, with a :class:`ragsnap.api.ray_backend.RayAnswerBackend`
   as its answer backend; the replicas' tokenizer travels to it once, for the token limits.
 - :func:`build_app`: the application builder ``serve run`` imports
-  (``import_path: api.ray_app:build_app`` in ``deploy/serve.yaml``), with
+  (``import_path: ragsnap.api.ray_app:build_app`` in ``deploy/serve.yaml``), with
   :class:`RayAppArgs` as its arguments; ``ragsnap serve --ray`` calls it too.
 
 Settings reach the replicas as the ``settings`` overrides of the arguments, on top of the
@@ -27,17 +27,23 @@ from pydantic import BaseModel, Field
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from api.app import create_app
-from api.metrics import ServiceMetrics
-from api.ray_backend import Admission, RayAnswerBackend, RemoteAnswer
-from api.services import Services, start_services
-from api.settings import Settings
-from api.worker import AnswerJob, EngineWorker, JobFailure, QueueFullError, WorkerStoppedError
+from ragsnap.api.app import create_app
+from ragsnap.api.metrics import ServiceMetrics
+from ragsnap.api.ray_backend import Admission, RayAnswerBackend, RemoteAnswer
+from ragsnap.api.services import Services, start_services
+from ragsnap.api.settings import Settings
+from ragsnap.api.worker import (
+    AnswerJob,
+    EngineWorker,
+    JobFailure,
+    QueueFullError,
+    WorkerStoppedError,
+)
 from ragsnap.events import AnswerEvent, DoneEvent
 
 logger = logging.getLogger("ragsnap.api.ray")
 
-ROUTER_CLASS = "api.ray_router:DocumentSetRouter"
+ROUTER_CLASS = "ragsnap.api.ray_router:DocumentSetRouter"
 
 
 class RayAppArgs(BaseModel):

@@ -1,7 +1,7 @@
 """The ingress side of Ray Serve: jobs answered by the engine deployment's replicas.
 
-:class:`RayAnswerBackend` is an :class:`api.backend.AnswerBackend`. ``admit`` opens a
-streaming call on the engine deployment (routed by :mod:`api.ray_router` on the job's
+:class:`RayAnswerBackend` is an :class:`ragsnap.api.backend.AnswerBackend`. ``admit`` opens a
+streaming call on the engine deployment (routed by :mod:`ragsnap.api.ray_router` on the job's
 document set) and waits for the replica's first message, its :class:`Admission`: a full
 replica queue is a 429 and no ready replica within ``admit_timeout_s`` is a 503, both
 before the response starts, as in-process. The replica's events are then relayed to the
@@ -18,8 +18,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from api.metrics import ServiceMetrics
-from api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError
+from ragsnap.api.metrics import ServiceMetrics
+from ragsnap.api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError
 from ragsnap.cache.keys import canonical_digest
 from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions

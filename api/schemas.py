@@ -1,5 +1,5 @@
 """Request and response bodies (pydantic v2). Fixed sanity caps live here; the limits an
-operator configures (:class:`api.settings.Settings`) are checked in :mod:`api.requests`."""
+operator configures (:class:`ragsnap.api.settings.Settings`) are checked in :mod:`api.requests`."""
 
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ class ChatCompletionRequest(RetrievalFields):
     """``POST /v1/chat/completions``: OpenAI's body; ragsnap's fields ride along as extra
     body fields (``documents`` | ``query``/``top_k``, ``compression``, ``sources``). Other
     fields are kept in ``model_extra`` and refused unless they hold their "off" value
-    (:func:`api.openai_serving.refuse_unsupported`)."""
+    (:func:`ragsnap.api.openai_serving.refuse_unsupported`)."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.backend import AnswerBackend
-from api.metrics import ServiceMetrics
-from api.settings import Settings
-from api.worker import EngineWorker
+from ragsnap.api.backend import AnswerBackend
+from ragsnap.api.metrics import ServiceMetrics
+from ragsnap.api.settings import Settings
+from ragsnap.api.worker import EngineWorker
 from ragsnap.engine import RagSnapEngine
 from ragsnap.retrieval.bm25 import BM25Index
 

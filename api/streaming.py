@@ -14,8 +14,8 @@ from typing import Any
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
-from api.answering import record_job
-from api.worker import AnswerJob
+from ragsnap.api.answering import record_job
+from ragsnap.api.worker import AnswerJob
 
 PING_S = 15.0
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from api.metrics import ServiceMetrics
+from ragsnap.api.metrics import ServiceMetrics
 from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions, RagSnapEngine
 from ragsnap.errors import RagSnapError
@@ -248,7 +248,7 @@ class EngineWorker:
             self.scheduler.submit(job)
 
     async def admit(self, job: AnswerJob) -> None:
-        """:meth:`submit`, as the :class:`api.backend.AnswerBackend` seam calls it."""
+        """:meth:`submit`, as the :class:`ragsnap.api.backend.AnswerBackend` seam calls it."""
         self.submit(job)
 
     def _retry_after(self, waiting: int) -> int:

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from api.local_server import running_server  # noqa: F401  (the tests import it from here)
+from ragsnap.api.local_server import running_server  # noqa: F401  (the tests import it from here)
 
 DOCS = [
     {

@@ -14,8 +14,8 @@ KEYS = ("cache-key-a", "cache-key-b")
 
 @pytest.fixture(scope="module")
 def base_url(engine, tmp_path_factory):
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
     from ragsnap.cache import open_store
     from ragsnap.engine import RagSnapEngine
 

@@ -21,8 +21,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def _app(engine, **settings):
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     return create_app(Settings(**settings), engine=engine)
 

@@ -8,9 +8,9 @@ from tests.api_helpers import DOCS, FAST, parse_sse, running_server
 
 
 def test_a_stream_carries_pings_that_clients_skip(engine, monkeypatch):
-    from api import streaming
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api import streaming
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     monkeypatch.setattr(streaming, "PING_S", 0.005)  # shorter than any prefill
     body = {"question": "What causes tides?", "documents": DOCS, "max_new_tokens": 4}

@@ -17,8 +17,8 @@ EXTRA = {"documents": DOCS, "compression": FAST}
 
 @pytest.fixture(scope="module")
 def client(engine):
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     with running_server(create_app(Settings(api_keys=KEY), engine=engine)) as url:
         yield openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, timeout=300)
@@ -188,8 +188,8 @@ def test_chat_openai_invoke_and_stream_keep_citations_and_count_usage_once(clien
 
 
 def test_a_corpus_server_searches_with_the_conversation(engine, tmp_path):
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     (tmp_path / "penicillin.md").write_text("Alexander Fleming discovered penicillin in 1928.")
     (tmp_path / "tides.md").write_text("Tides follow the gravity of the Moon.")

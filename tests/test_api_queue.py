@@ -14,8 +14,8 @@ from tests.api_helpers import DOCS, FAST, parse_sse, running_server
 
 @pytest.fixture(scope="module")
 def base_url(engine):
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     settings = Settings(max_queue=1, max_new_tokens_limit=400, max_batch=1)  # serial: a queue forms
     with running_server(create_app(settings, engine=engine)) as url:

@@ -16,8 +16,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def client(engine):
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     settings = Settings(
         api_keys=f"{KEY},{OTHER_KEY}",
@@ -247,8 +247,8 @@ def test_access_log_is_one_line_without_text(client, caplog):
 
 
 def test_not_ready_is_503_while_health_answers(tmp_path):
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     # no engine given: the app loads one in the background, and this one cannot load
     app = create_app(Settings(model=str(tmp_path / "no-such-model"), cache_url="none"))

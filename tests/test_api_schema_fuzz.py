@@ -25,8 +25,8 @@ MAX_EXAMPLES = 12
 
 @pytest.fixture(scope="module")
 def api_schema(engine):
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     limits = Settings(
         max_documents=3,

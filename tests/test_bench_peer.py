@@ -153,9 +153,9 @@ def stub_peer_app(seen: list[list[int]]):
 
 
 def test_peer_run_against_ragsnap_and_a_stub_peer(tiny, tmp_path: Path, capsys) -> None:
-    from api.app import create_app
-    from api.local_server import running_server
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.local_server import running_server
+    from ragsnap.api.settings import Settings
     from ragsnap.cache import open_store
     from ragsnap.engine import RagSnapEngine
 

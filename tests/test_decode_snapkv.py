@@ -126,8 +126,8 @@ def test_a_slack_never_reached_changes_nothing():
 def test_the_service_bounds_a_long_answer_and_names_a_bad_setting(engine):
     import httpx
 
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
     from tests.api_helpers import DOCS, FAST, running_server
 
     body = {"question": "Tell me everything about bees and tides.", "documents": DOCS}

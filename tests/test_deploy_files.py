@@ -24,9 +24,9 @@ def test_serve_config_is_valid_and_its_args_are_the_builders():
     validate = getattr(schema.ServeDeploySchema, "model_validate", None)
     (validate or schema.ServeDeploySchema.parse_obj)(config)
     app = config["applications"][0]
-    assert app["import_path"] == "api.ray_app:build_app"
-    from api.ray_app import RayAppArgs
-    from api.settings import Settings
+    assert app["import_path"] == "ragsnap.api.ray_app:build_app"
+    from ragsnap.api.ray_app import RayAppArgs
+    from ragsnap.api.settings import Settings
 
     args = RayAppArgs(**app["args"])
     assert set(args.settings) <= set(Settings.model_fields)
@@ -57,7 +57,7 @@ def test_compose_runs_ragsnap_on_a_redis_cache_and_prometheus_scrapes_it():
     scrape = load("prometheus.yml")["scrape_configs"][0]
     assert scrape["metrics_path"] == "/metrics"
     assert scrape["static_configs"][0]["targets"] == ["ragsnap:8000"]
-    from api.routers import health
+    from ragsnap.api.routers import health
 
     assert "/metrics" in {route.path for route in health.router.routes}
 

@@ -7,9 +7,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from api.answering import inline_documents
-from api.schemas import DocumentIn
-from api.settings import Settings
+from ragsnap.api.answering import inline_documents
+from ragsnap.api.schemas import DocumentIn
+from ragsnap.api.settings import Settings
 from ragsnap.compression import make_press
 from ragsnap.documents import Document, load_documents
 from ragsnap.errors import InputError
@@ -52,7 +52,7 @@ def test_langchain_metadata_keeps_the_format() -> None:
 
 
 def test_keep_instruction_is_an_api_and_cli_compression_option() -> None:
-    from api.schemas import CompressionIn
+    from ragsnap.api.schemas import CompressionIn
 
     fields = CompressionIn(press="snapkv", budget=64, keep_instruction=True).model_dump(
         exclude={"press"}, exclude_none=True

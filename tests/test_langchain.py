@@ -115,8 +115,8 @@ def test_bad_setup_and_inputs_are_clear_errors(engine):
 
 
 def test_remote_chat_model_against_a_server(engine):
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     app = create_app(Settings(api_keys="lc-key"), engine=engine)
     with running_server(app) as url:

@@ -41,3 +41,14 @@ def test_license_is_the_apache_2_text_the_metadata_names():
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text
     assert 'license = "Apache-2.0"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_the_service_installs_under_ragsnaps_name():
+    import tomllib
+
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]
+    assert wheel["targets"]["wheel"]["packages"] == ["ragsnap"]  # no top-level `api`
+    assert (ROOT / "ragsnap" / "api").resolve() == (ROOT / "api").resolve()
+    probe = "import sys, ragsnap.api.app, ragsnap.api.ray_app; print('api' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # nothing imports the folder under its bare name

@@ -31,8 +31,8 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="module")
 def base_url(engine, tmp_path_factory):
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     corpus = tmp_path_factory.mktemp("corpus")
     (corpus / "moon.md").write_text("The Moon pulls on the oceans, which raises the tides.")

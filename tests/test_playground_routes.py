@@ -7,8 +7,8 @@ import re
 
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.settings import Settings
+from ragsnap.api.app import create_app
+from ragsnap.api.settings import Settings
 
 
 def client(**settings) -> TestClient:

@@ -11,8 +11,8 @@ pytest.importorskip("ray")
 
 from ray.exceptions import ActorDiedError  # noqa: E402
 
-from api.ray_backend import Admission, RayAnswerBackend  # noqa: E402
-from api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError  # noqa: E402
+from ragsnap.api.ray_backend import Admission, RayAnswerBackend  # noqa: E402
+from ragsnap.api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError  # noqa: E402
 from ragsnap.documents import Document  # noqa: E402
 from ragsnap.events import MetaEvent, TokenEvent  # noqa: E402
 
@@ -56,8 +56,8 @@ class FakeHandle:
 
 
 def make_job():
-    from api.answering import answer_options
-    from api.settings import Settings
+    from ragsnap.api.answering import answer_options
+    from ragsnap.api.settings import Settings
 
     options = answer_options(
         None, Settings(), max_new_tokens=4, temperature=None, top_p=None, seed=None
@@ -72,7 +72,7 @@ async def run(backend, job):
 
 
 def backend_for(*streams, **kwargs):
-    from api.metrics import ServiceMetrics
+    from ragsnap.api.metrics import ServiceMetrics
 
     handle = FakeHandle(*streams)
     return RayAnswerBackend(handle, ServiceMetrics(), **kwargs), handle

@@ -55,9 +55,9 @@ def cluster(tmp_path_factory, redis_server):
 @pytest.fixture(scope="module")
 def local_url(cluster):
     """The single-process server with the same settings (no cache), for comparisons."""
-    from api.app import create_app
-    from api.services import load_engine
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.services import load_engine
+    from ragsnap.api.settings import Settings
 
     settings = Settings(**{**cluster.settings, "cache_url": "none"})
     with running_server(create_app(settings, engine=load_engine(settings))) as url:
@@ -72,7 +72,7 @@ def answer(url, body, headers=AUTH):
 
 def replica_of(cluster, documents):
     """The replica the router sends ``documents`` to (a call routed like an answer)."""
-    from api.ray_backend import route_key
+    from ragsnap.api.ray_backend import route_key
 
     key = route_key(_namespace(), _documents(documents))
     return cluster.engine_handle().load.remote(route_key=key).result()
@@ -139,7 +139,7 @@ def _documents(documents):
 
 
 def _namespace():
-    from api.settings import Settings
+    from ragsnap.api.settings import Settings
 
     return Settings(api_keys=KEY).key_digests().popitem()[1]
 
@@ -147,10 +147,10 @@ def _namespace():
 def _answer_elsewhere(cluster, body, avoid):
     """``body`` answered by a replica other than ``avoid``: sent to the engine deployment
     with the route key of a document set whose home is another replica."""
-    from api.answering import answer_options
-    from api.ray_backend import Admission, RemoteAnswer, route_key
-    from api.schemas import CompressionIn
-    from api.settings import Settings
+    from ragsnap.api.answering import answer_options
+    from ragsnap.api.ray_backend import Admission, RemoteAnswer, route_key
+    from ragsnap.api.schemas import CompressionIn
+    from ragsnap.api.settings import Settings
     from ragsnap.events import DoneEvent
 
     options = answer_options(

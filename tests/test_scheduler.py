@@ -138,8 +138,8 @@ def test_a_failing_request_does_not_stop_the_others(engine_tiny) -> None:
 
 @pytest.mark.model
 def test_service_under_concurrent_streaming_clients_answers_or_refuses(engine) -> None:
-    from api.app import create_app
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
 
     settings = Settings(max_queue=3, max_batch=4, step_tokens=128)
     statuses, done, lock = [], [], threading.Lock()

@@ -1,1 +1,1 @@
-"""The web playground's static files (served by :mod:`api.routers.playground`)."""
+"""The web playground's static files (served by :mod:`ragsnap.api.routers.playground`)."""

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from sse_starlette import ServerSentEvent
 
-from api.answering import (
+from ragsnap.api.answering import (
     answer_options,
     chat_context,
     check_question,
@@ -18,12 +18,12 @@ from api.answering import (
     resolve_documents,
     submit_job,
 )
-from api.deps import NamespaceDep, RequestLogDep, ServicesDep, SettingsDep
-from api.errors import error_body
-from api.openapi import ANSWER_EVENTS, errors
-from api.schemas import AnswerRequest, AnswerResponse
-from api.streaming import JobStreamingResponse, sse
-from api.worker import AnswerJob, JobFailure
+from ragsnap.api.deps import NamespaceDep, RequestLogDep, ServicesDep, SettingsDep
+from ragsnap.api.errors import error_body
+from ragsnap.api.openapi import ANSWER_EVENTS, errors
+from ragsnap.api.schemas import AnswerRequest, AnswerResponse
+from ragsnap.api.streaming import JobStreamingResponse, sse
+from ragsnap.api.worker import AnswerJob, JobFailure
 from ragsnap.prompt import Turn
 
 router = APIRouter(tags=["answer"])

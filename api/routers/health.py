@@ -9,9 +9,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from api.deps import MetricsDep
-from api.openapi import ReadyResponse
-from api.services import Services
+from ragsnap.api.deps import MetricsDep
+from ragsnap.api.openapi import ReadyResponse
+from ragsnap.api.services import Services
 
 router = APIRouter(tags=["health"])
 

@@ -1,6 +1,6 @@
 """OpenAI-compatible ``/v1/chat/completions`` and ``/v1/models``.
 
-The route is thin: :mod:`api.openai_serving` turns the body into ragsnap's inputs (and
+The route is thin: :mod:`ragsnap.api.openai_serving` turns the body into ragsnap's inputs (and
 refuses what ragsnap cannot honour); the response, or the final stream chunk, carries
 ``citations``, ``documents`` (those in the prompt, in order) and ``ragsnap`` (the
 engine's statistics). Usage is sent once: in the
@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from sse_starlette import ServerSentEvent
 
-from api.answering import (
+from ragsnap.api.answering import (
     answer_options,
     check_tokens,
     collect_answer,
@@ -25,9 +25,9 @@ from api.answering import (
     record_job,
     submit_job,
 )
-from api.deps import NamespaceDep, RequestLogDep, ServicesDep, SettingsDep
-from api.errors import ApiError, error_body
-from api.openai_serving import (
+from ragsnap.api.deps import NamespaceDep, RequestLogDep, ServicesDep, SettingsDep
+from ragsnap.api.errors import ApiError, error_body
+from ragsnap.api.openai_serving import (
     chat_documents,
     citation_annotations,
     citation_logprobs,
@@ -37,12 +37,12 @@ from api.openai_serving import (
     sources_text,
     usage,
 )
-from api.openapi import CHUNK_EVENTS, errors
-from api.schemas import ChatCompletionRequest
-from api.services import Services
-from api.settings import Settings
-from api.streaming import JobStreamingResponse, sse
-from api.worker import AnswerJob, JobFailure
+from ragsnap.api.openapi import CHUNK_EVENTS, errors
+from ragsnap.api.schemas import ChatCompletionRequest
+from ragsnap.api.services import Services
+from ragsnap.api.settings import Settings
+from ragsnap.api.streaming import JobStreamingResponse, sse
+from ragsnap.api.worker import AnswerJob, JobFailure
 from ragsnap.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 
 router = APIRouter(tags=["openai"])

@@ -33,7 +33,7 @@ _HEADERS = {
 
 def _asset(name: str) -> Response:
     # read per request (a few kB): nothing happens at import, and edits show on reload
-    body = resources.files("api.playground").joinpath(name).read_bytes()
+    body = resources.files("ragsnap.api.playground").joinpath(name).read_bytes()
     return Response(body, media_type=_TYPES[name], headers=_HEADERS)
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import ServicesDep, SettingsDep
-from api.errors import ApiError
-from api.openapi import errors
-from api.schemas import PassageOut, SearchRequest, SearchResponse
+from ragsnap.api.deps import ServicesDep, SettingsDep
+from ragsnap.api.errors import ApiError
+from ragsnap.api.openapi import errors
+from ragsnap.api.schemas import PassageOut, SearchRequest, SearchResponse
 
 router = APIRouter(tags=["search"])
 

@@ -247,9 +247,9 @@ def compare_max_batch(args: argparse.Namespace) -> int:
 
     import torch
 
-    from api.app import create_app
-    from api.local_server import running_server
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.local_server import running_server
+    from ragsnap.api.settings import Settings
     from ragsnap.cache import open_store
     from ragsnap.engine import RagSnapEngine
     from ragsnap.errors import ConfigError

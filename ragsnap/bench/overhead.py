@@ -72,11 +72,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from ray import serve
 
-    from api.app import create_app
-    from api.local_server import running_server
-    from api.ray_app import RayAppArgs, build_app
-    from api.services import load_engine
-    from api.settings import Settings
+    from ragsnap.api.app import create_app
+    from ragsnap.api.local_server import running_server
+    from ragsnap.api.ray_app import RayAppArgs, build_app
+    from ragsnap.api.services import load_engine
+    from ragsnap.api.settings import Settings
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

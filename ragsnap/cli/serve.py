@@ -82,7 +82,7 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
     """Settings from the environment, overridden by the options given."""
     from pydantic import ValidationError
 
-    from api.settings import Settings
+    from ragsnap.api.settings import Settings
     from ragsnap.errors import ConfigError
 
     try:
@@ -97,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from api.app import create_app
-        from api.services import load_engine
+        from ragsnap.api.app import create_app
+        from ragsnap.api.services import load_engine
     except ImportError as exc:
         from ragsnap.errors import ConfigError
 

@@ -23,7 +23,7 @@ def run_on_ray(args: argparse.Namespace, settings: Any, given: dict[str, Any]) -
         import ray
         from ray import serve
 
-        from api.ray_app import RayAppArgs, build_app
+        from ragsnap.api.ray_app import RayAppArgs, build_app
     except ImportError as exc:
         from ragsnap.errors import ConfigError
 
