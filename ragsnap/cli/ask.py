@@ -89,7 +89,12 @@ def run(args: argparse.Namespace) -> int:
     store = open_store_from_args(args)
     with loading_model(args.model, args.device):
         engine = RagSnapEngine.load(
-            args.model, device=args.device, store=store, prefix_cache=args.prefix_cache
+            args.model,
+            device=args.device,
+            store=store,
+            prefix_cache=args.prefix_cache,
+            document_cache=args.document_cache,
+            recompute_share=args.recompute_share,
         )
     done: DoneEvent | None = None
     for event in engine.stream(args.question, documents, options, namespace=args.namespace):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
 
 from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
@@ -103,6 +104,21 @@ def add_cache_options(parser: argparse.ArgumentParser, *, prefix_flag: bool = Tr
             default=True,
             help="also keep the full KV of the document prefix, so a new question over the "
             "same documents prefills only its own tokens",
+        )
+        group.add_argument(
+            "--document-cache",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="also keep each document's KV, reused in new combinations and orders",
+        )
+        group.add_argument(
+            "--recompute-share",
+            type=float,
+            default=float(os.environ.get("RAGSNAP_REUSE_RECOMPUTE", "0.15")),
+            metavar="S",
+            help="share of reused document tokens recomputed with the full context "
+            "(0: plain concatenation, 1: as a cold prefill; default $RAGSNAP_REUSE_RECOMPUTE "
+            "or 0.15)",
         )
 
 
