@@ -32,7 +32,11 @@ def _kv(model, ids: list[int], start: int) -> list[tuple[torch.Tensor, torch.Ten
 
 
 def _max_diff(a, b) -> float:
-    return max(float((x - y).abs().max()) for (xk, xv), (yk, yv) in zip(a, b) for x, y in ((xk, yk), (xv, yv)))
+    return max(
+        float((x - y).abs().max())
+        for (xk, xv), (yk, yv) in zip(a, b, strict=True)
+        for x, y in ((xk, yk), (xv, yv))
+    )
 
 
 def _assert_reencoding_exact(model, ids: list[int], offset: int) -> None:
@@ -50,7 +54,9 @@ def test_reencoding_is_exact_on_tiny_models(arch):
 
 
 def test_unsupported_rope_is_named():
-    model = tiny_model("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    model = tiny_model(
+        "llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    )
     assert "dynamic" in (reencode_support(model) or "")
 
 
@@ -118,7 +124,11 @@ def test_entries_are_shared_across_questions_and_orders(tmp_path):
     assert (first.cache, first.cache_tier, first.reused_documents) == ("miss", "cold", 0)
     assert len(_doc_files(tmp_path)) == 3  # one piece per document, stored after the answer
     again = eng.answer("t8 t9", [DOCS[2], DOCS[0], DOCS[1]], OPTS).stats
-    assert (again.cache, again.cache_tier, again.reused_documents) == ("document-hit", "documents", 3)
+    assert (again.cache, again.cache_tier, again.reused_documents) == (
+        "document-hit",
+        "documents",
+        3,
+    )
     assert 3 <= again.recomputed_tokens < again.prompt_tokens // 2
     assert again.prefill_tokens < first.prefill_tokens
     # a new combination: two pieces reused, the third computed alone on the spot and stored
@@ -194,11 +204,16 @@ def test_metrics_count_tiers():
     from ragsnap.stats import AnswerStats
 
     metrics = ServiceMetrics()
-    fields = {f: 0 for f in AnswerStats.__dataclass_fields__ if f not in {"model", "device", "press"}}
+    fields = {
+        f: 0 for f in AnswerStats.__dataclass_fields__ if f not in {"model", "device", "press"}
+    }
     fields.update(press_config={}, kept_tokens_per_layer=[], budget=None, citations_mode="markers")
     stats = AnswerStats(model="m", device="cpu", press="snapkv", **fields)
     stats.cache, stats.cache_tier, stats.reused_documents, stats.recomputed_tokens = (
-        "document-hit", "documents", 7, 120,
+        "document-hit",
+        "documents",
+        7,
+        120,
     )
     stats.decode_ms_per_token = None
     metrics.observe_answer(stats)
@@ -220,9 +235,17 @@ def test_reencoding_is_exact_on_the_embedded_model(engine):
 @pytest.mark.model
 def test_full_share_is_the_cold_answer_on_the_embedded_model(engine, tmp_path):
     docs = [
-        Document(id="tides", title="Tides", text="Tides are caused mainly by the gravity of the Moon."),
-        Document(id="bees", title="Honeybees", text="Honeybees dance in the hive to show where flowers are."),
-        Document(id="salt", title="Salt", text="The Dead Sea is so salty that people float on it easily."),
+        Document(
+            id="tides", title="Tides", text="Tides are caused mainly by the gravity of the Moon."
+        ),
+        Document(
+            id="bees",
+            title="Honeybees",
+            text="Honeybees dance in the hive to show where flowers are.",
+        ),
+        Document(
+            id="salt", title="Salt", text="The Dead Sea is so salty that people float on it easily."
+        ),
     ]
     opts = AnswerOptions(
         press=SnapKVPress(budget=64, window=8), generation=GenerationConfig(max_new_tokens=12)

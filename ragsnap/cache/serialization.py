@@ -23,7 +23,9 @@ from ragsnap.compression import CompressedLayer
 FORMAT_VERSION = "1"
 KIND_COMPRESSED = "kv"
 KIND_PREFIX = "prefix"
-KIND_DOCUMENT = "doc"  # one document body's full KV (the per-document tier), same layout as a prefix
+KIND_DOCUMENT = (
+    "doc"  # one document body's full KV (the per-document tier), same layout as a prefix
+)
 _HEADER_LIMIT = 100 * 2**20  # safetensors' own cap on the JSON header
 
 

@@ -14,6 +14,7 @@ BENCHMARKS = {
     "cache": "time to first token for a cache miss, a full hit and a document-prefix hit",
     "load": "concurrent clients against a running ragsnap server",
     "batch": "aggregate decode tokens/s of batched requests, compressed vs full caches",
+    "reuse": "per-document KV reuse in new combinations and orders vs cold prefills, per recompute share",
 }
 
 

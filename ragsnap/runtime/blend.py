@@ -82,7 +82,9 @@ def document_pieces(
     for body in bodies:
         cache = cache_from_layers(model.config, head_layers)  # appends copy, head stays intact
         forward_chunk(model, cache_kwarg, body, cache, base)
-        pieces.append([(layer.keys[:, :, base:], layer.values[:, :, base:]) for layer in cache.layers])
+        pieces.append(
+            [(layer.keys[:, :, base:], layer.values[:, :, base:]) for layer in cache.layers]
+        )
     return pieces
 
 
@@ -162,7 +164,9 @@ def _scatter_layer_class() -> type:
 
 
 @torch.inference_mode()
-def recompute(model: Any, cache_kwarg: str, ids: Sequence[int], layers: Layers, at: list[int]) -> None:
+def recompute(
+    model: Any, cache_kwarg: str, ids: Sequence[int], layers: Layers, at: list[int]
+) -> None:
     """Rerun the tokens at positions ``at`` (sorted) through every layer on ``layers``
     (``[1, Hkv, P, D]``, changed in place): each sees every key at or before its position."""
     from transformers import DynamicCache

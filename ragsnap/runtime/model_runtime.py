@@ -11,8 +11,8 @@ from ragsnap.compression import Press
 from ragsnap.compression.words import word_starts
 from ragsnap.generation import GenerationConfig, stop_token_ids
 from ragsnap.models import LoadedModel
-from ragsnap.runtime import prefill as _prefill
 from ragsnap.runtime import blend as _blend
+from ragsnap.runtime import prefill as _prefill
 from ragsnap.runtime.answer_attention import answer_attention
 from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.decode import DecodeBatch
