@@ -17,7 +17,13 @@ from ragsnap.engine import AnswerOptions, RagSnapEngine
 from ragsnap.generation import GenerationConfig
 from ragsnap.models import LoadedModel
 from ragsnap.runtime.attention import install_runtime_attention
-from ragsnap.runtime.blend import PlacedPiece, blend_prefix, document_pieces, model_cache
+from ragsnap.runtime.blend import (
+    PlacedPiece,
+    _fresh_select_layer,
+    blend_prefix,
+    document_pieces,
+    model_cache,
+)
 from ragsnap.runtime.prefill import forward_chunk
 from ragsnap.runtime.reencode import reencode_support, shift_layers
 from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_model, tiny_tokenizer
@@ -84,6 +90,12 @@ def test_full_recompute_is_the_cold_prefix_and_shares_grow():
     assert plain.recomputed == [5, 26, 47]  # the labels only
     some = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25)
     assert some.selected == 15 and len(some.recomputed) == 18
+    # the selection pass stops after layer 1 has written its cache: that KV is the cold one
+    fresh = _fresh_select_layer(model, KWARG, prefix, _kv(model, head, 0), len(head))
+    assert (
+        _max_diff([fresh], [(k[:, :, len(head) :], v[:, :, len(head) :]) for k, v in cold[1:2]])
+        < 1e-4
+    )
     errors = [_max_diff(r.layers, cold) for r in (plain, some, full)]
     assert errors[0] > errors[2]
 

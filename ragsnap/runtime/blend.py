@@ -25,7 +25,7 @@ from ragsnap.runtime.attention import StepMask, step_masks
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_from_layers
 from ragsnap.runtime.prefill import forward_chunk
-from ragsnap.runtime.reencode import decoder, reencode_support, shift_layers
+from ragsnap.runtime.reencode import reencode_support, shift_layers
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # the layer whose fresh-vs-reused KV deviation ranks tokens (CacheBlend uses the first
@@ -114,20 +114,21 @@ def _fresh_select_layer(
     model: Any, cache_kwarg: str, prefix_ids: Sequence[int], head: Layers, head_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer ``SELECT_LAYER``'s KV of positions ``head_len ..`` computed with the full
-    context (``[1, Hkv, P - head_len, D]`` each); the pass stops after that layer."""
+    context (``[1, Hkv, P - head_len, D]`` each); the pass stops as soon as that layer's
+    cache is written (about ``SELECT_LAYER + 0.2`` layers of a prefill)."""
     cache = cache_from_layers(model.config, head)
-    layers = decoder(model).layers
+    layer = cache.layers[SELECT_LAYER]
+    store = layer.update
 
-    def stop(*_: Any) -> None:
-        raise _StopForward
+    def update(*args: Any, **kwargs: Any) -> Any:
+        store(*args, **kwargs)
+        raise _StopForward  # the layer's KV is written: its attention and the rest are not needed
 
-    handle = layers[SELECT_LAYER].register_forward_hook(stop)
+    layer.update = update  # this cache object only; the model is untouched
     try:
         forward_chunk(model, cache_kwarg, prefix_ids[head_len:], cache, head_len)
     except _StopForward:
         pass
-    finally:
-        handle.remove()
     layer = cache.layers[SELECT_LAYER]
     return layer.keys[:, :, head_len:], layer.values[:, :, head_len:]
 
