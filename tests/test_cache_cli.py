@@ -17,8 +17,9 @@ pytestmark = pytest.mark.model
 def reuse_model(engine, monkeypatch):
     """``RagSnapEngine.load`` builds on the session's loaded model instead of loading again."""
 
-    def load(cls, model="embedded", *, store=None, prefix_cache=True, storage_dtype=None, **_):
-        return cls(engine.loaded, store=store, prefix_cache=prefix_cache)
+    def load(cls, model="embedded", *, store=None, prefix_cache=True, storage_dtype=None, **kw):
+        tier = {k: kw[k] for k in ("document_cache", "recompute_share") if k in kw}
+        return cls(engine.loaded, store=store, prefix_cache=prefix_cache, **tier)
 
     monkeypatch.setattr(RagSnapEngine, "load", classmethod(load))
 
