@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         first.finish(first.prefill(layout_of("Read.", group), press, "Read.", namespace)[1])
     read_s = _since(started)
     rng = random.Random(args.seed + 1)
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[Any, Any]] = []
     for q in range(args.questions):
         target = rng.randrange(len(pool))
         others = rng.sample([i for i in range(len(pool)) if i != target], args.docs - 1)
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         cold_s = _since(started)
         cold_tokens = runtime.generate(cold, generation)
         reference = full_reference(runtime, cold, cold_tokens)
-        row: dict[str, Any] = {
+        row: dict[Any, Any] = {
             "prompt_tokens": layout.num_tokens,
             "needle": needle,
             "cold_s": cold_s,
@@ -179,15 +179,15 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         row["cold_found"] = needle and entry["needle"]["value"] in tokenizer.decode(cold_tokens)
         for share, tier in tiers.items():
             started = time.perf_counter()
-            result, report = tier.prefill(layout, press, question, namespace)
+            reused, report = tier.prefill(layout, press, question, namespace)
             reuse_s = _since(started)
             if report.tier != "documents":
                 raise ConfigError(
                     f"the per-document tier did not serve ({report.tier}: {report.reuse_note})"
                 )
-            tokens = runtime.generate(result, generation)
+            tokens = runtime.generate(reused, generation)
             log_probs = (
-                runtime.teacher_force([result], reference.tokens)[0] if reference.tokens else None
+                runtime.teacher_force([reused], reference.tokens)[0] if reference.tokens else None
             )
             fid = compare(log_probs if log_probs is not None else torch.empty(0, 0), reference)
             top1 = (

@@ -141,7 +141,7 @@ class DocumentTier:
         computed = self.runner.document_pieces(head, [s.body for s in missing]) if missing else []
         for slot, layers in zip(missing, computed, strict=True):
             found[slot.index] = layers
-            report.pending.append((slot.key, self._payload(slot, lambda v=layers: v)))
+            report.pending.append((slot.key, self._payload(slot, _constant(layers))))
         placed = [PlacedPiece(found[s.index], head_len, s.start) for s in usable]
         blend = self.runner.blend_prefix(
             layout.input_ids[: layout.prefix_len], head_len, placed, self.share
@@ -199,7 +199,7 @@ class DocumentTier:
             return computed
 
         for i, slot in enumerate(missing):
-            report.pending.append((slot.key, self._payload(slot, lambda i=i: pieces()[i])))
+            report.pending.append((slot.key, self._payload(slot, _item(pieces, i))))
 
     def _payload(self, slot: DocumentSlot, layers: Callable[[], Layers]) -> Callable[[], bytes]:
         loaded, dtype = self.owner.loaded, self.owner.storage_dtype
@@ -215,6 +215,14 @@ class DocumentTier:
             )
 
         return serialize
+
+
+def _constant(layers: Layers) -> Callable[[], Layers]:
+    return lambda: layers
+
+
+def _item(pieces: Callable[[], list[Layers]], i: int) -> Callable[[], Layers]:
+    return lambda: pieces()[i]
 
 
 __all__ = ["DEFAULT_RECOMPUTE_SHARE", "Assembled", "DocumentSlot", "DocumentTier"]

@@ -72,11 +72,8 @@ def rotation(
     args = (x, positions) if layer_type is None else (x, positions, layer_type)
     cos, sin = rotary(*args)
     # yarn scales cos/sin by an attention factor that the cached keys already carry
-    scale = float(
-        getattr(rotary, f"{layer_type}_attention_scaling", None)
-        if layer_type is not None
-        else getattr(rotary, "attention_scaling", 1.0)
-    )
+    name = "attention_scaling" if layer_type is None else f"{layer_type}_attention_scaling"
+    scale = float(getattr(rotary, name, 1.0) or 1.0)
     return cos[0, 0].float() / scale, sin[0, 0].float() / scale
 
 
