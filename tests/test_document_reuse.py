@@ -114,14 +114,18 @@ OPTS = AnswerOptions(
 )
 
 
-def _engine(tmp_path, arch: str = "llama", share: float = 0.15, **kwargs) -> RagSnapEngine:
-    loaded = LoadedModel(
+def _engine_loaded(arch: str) -> LoadedModel:
+    return LoadedModel(
         model=tiny_model(arch),
         tokenizer=tiny_tokenizer(),
         model_id=f"tiny-{arch}",
         revision="random",
         device=torch.device("cpu"),
     )
+
+
+def _engine(tmp_path, arch: str = "llama", share: float = 0.15, **kwargs) -> RagSnapEngine:
+    loaded = _engine_loaded(arch)
     store = open_store(f"file://{tmp_path}")
     return RagSnapEngine(loaded, store=store, recompute_share=share, **kwargs)
 
@@ -269,3 +273,19 @@ def test_full_share_is_the_cold_answer_on_the_embedded_model(engine, tmp_path):
     assert (reused.stats.cache_tier, reused.stats.reused_documents) == ("documents", 3)
     cold = engine.answer("Why do people float in the Dead Sea?", order, opts)
     assert reused.answer == cold.answer
+
+
+def test_pieces_in_redis_carry_the_store_ttl_and_are_reused(redis_server):
+    from ragsnap.cache.redis_store import RedisKVStore
+
+    store = RedisKVStore.from_url(redis_server.url + "?ttl=120")
+    loaded = _engine_loaded("llama")
+    eng = RagSnapEngine(loaded, store=store)
+    namespace = f"reuse-{random.randrange(10**9)}"
+    list(eng.stream("t5 t6 t7", DOCS[:3], OPTS, namespace=namespace))
+    manifests = store.client.keys(f"ragsnap:v1:{namespace}:{KIND_DOCUMENT}:*:manifest")
+    assert len(manifests) == 3
+    assert all(0 < store.client.ttl(k) <= 120 for k in manifests)
+    done = list(eng.stream("t8", DOCS[:3][::-1], OPTS, namespace=namespace))[-1]
+    assert (done.stats.cache_tier, done.stats.reused_documents) == ("documents", 3)
+    assert done.stats.cache_bytes_read > 0
