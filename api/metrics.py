@@ -60,8 +60,24 @@ class ServiceMetrics:
         )
         self.cache_lookups = Counter(
             "ragsnap_cache_lookups",
-            "KV cache results (hit, prefix-hit, miss, off, unavailable)",
+            "KV cache results (hit, prefix-hit, document-hit, miss, off, unavailable)",
             ["result"],
+            registry=r,
+        )
+        self.cache_tiers = Counter(
+            "ragsnap_cache_tier",
+            "answers by the tier that served their prefill (exact, prefix, documents, cold, off)",
+            ["tier"],
+            registry=r,
+        )
+        self.reused_documents = Counter(
+            "ragsnap_reused_documents",
+            "documents whose KV came from the per-document tier",
+            registry=r,
+        )
+        self.recomputed_tokens = Counter(
+            "ragsnap_recomputed_tokens",
+            "tokens of assembled document prefixes recomputed with the full context",
             registry=r,
         )
         self.kv_bytes = Counter(
@@ -116,6 +132,11 @@ class ServiceMetrics:
             self.decode.observe(stats.decode_ms_per_token * stats.new_tokens / 1000)
         self.ttft.observe(stats.ttft_s)
         self.cache_lookups.labels(stats.cache).inc()
+        self.cache_tiers.labels(stats.cache_tier).inc()
+        if stats.reused_documents:
+            self.reused_documents.inc(stats.reused_documents)
+        if stats.recomputed_tokens:
+            self.recomputed_tokens.inc(stats.recomputed_tokens)
         if stats.cache_bytes_read:
             self.cache_bytes.labels("read").inc(stats.cache_bytes_read)
         if stats.cache_bytes_written:

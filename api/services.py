@@ -73,7 +73,12 @@ def load_engine(settings: Settings) -> RagSnapEngine:
     store = open_store(settings.cache_url, key=secret)
     logger.info("KV cache: %s", store.describe())
     loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype)
-    return RagSnapEngine(loaded, store=store)
+    return RagSnapEngine(
+        loaded,
+        store=store,
+        document_cache=settings.document_cache,
+        recompute_share=settings.reuse_recompute,
+    )
 
 
 def start_services(

@@ -36,6 +36,20 @@ class Settings(BaseSettings):
     cache_ping_interval_s: float = Field(
         default=1.5, ge=0, le=60, description="/readyz asks the store at most this often"
     )
+    # off by default: at the default recompute share, reused combinations answered like a
+    # cold prefill on 1 of 10 questions (bench reuse); turn it on where speed matters more
+    document_cache: bool = Field(
+        default=False,
+        description="keep each document's KV and reuse it in new combinations and orders "
+        "(approximate: see bench reuse)",
+    )
+    reuse_recompute: float = Field(
+        default=0.15,
+        ge=0.0,
+        le=1.0,
+        description="share of reused document tokens recomputed with the full context "
+        "(0: plain concatenation, 1: as a cold prefill)",
+    )
     corpus_dir: str | None = Field(default=None, description="folder searched by the `query` field")
     served_model_name: str = Field(
         default="ragsnap", description="alias accepted as `model` on /v1"

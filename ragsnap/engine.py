@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ragsnap.cache.cached_prefill import CachedPrefill, CacheReport
+from ragsnap.cache.document_tier import DEFAULT_RECOMPUTE_SHARE
 from ragsnap.cache.serialization import parse_dtype
 from ragsnap.cache.store import KVStore
 from ragsnap.citations import Citation, document_keep_shares, extract_citations
@@ -110,9 +111,13 @@ class RagSnapEngine:
         prefix_cache: bool = True,
         storage_dtype: str | torch.dtype | None = None,
         prefill_chunk: int | None = None,
+        document_cache: bool = False,
+        recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
     ) -> None:
         """``store`` keeps compressed prompt caches (None or a ``none`` store: caching off);
         ``prefix_cache`` also keeps the full KV of document prefixes for new questions;
+        ``document_cache`` keeps each document's KV for new combinations and orders of them,
+        recomputing ``recompute_share`` of their tokens with the full context;
         ``storage_dtype`` (e.g. ``"bfloat16"``) stores KV smaller than the model computes it;
         ``prefill_chunk`` prefills in chunks of that many tokens (None: one pass)."""
         self.loaded = loaded
@@ -127,7 +132,13 @@ class RagSnapEngine:
         if store is not None and store.enabled:
             dtype = parse_dtype(storage_dtype) if isinstance(storage_dtype, str) else storage_dtype
             self.tiers = CachedPrefill(
-                self.runtime, loaded, store, prefix_cache=prefix_cache, storage_dtype=dtype
+                self.runtime,
+                loaded,
+                store,
+                prefix_cache=prefix_cache,
+                storage_dtype=dtype,
+                document_cache=document_cache,
+                recompute_share=recompute_share,
             )
 
     @classmethod
@@ -139,6 +150,8 @@ class RagSnapEngine:
         prefix_cache: bool = True,
         storage_dtype: str | torch.dtype | None = None,
         prefill_chunk: int | None = None,
+        document_cache: bool = False,
+        recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
         **kwargs: Any,
     ) -> RagSnapEngine:
         """Load ``model`` (see :func:`load_model` for ``kwargs``) and build an engine on it."""
@@ -148,6 +161,8 @@ class RagSnapEngine:
             prefix_cache=prefix_cache,
             storage_dtype=storage_dtype,
             prefill_chunk=prefill_chunk,
+            document_cache=document_cache,
+            recompute_share=recompute_share,
         )
 
     def build_prompt(
@@ -292,6 +307,10 @@ class RagSnapEngine:
             cache_bytes_read=report.bytes_read,
             cache_bytes_written=report.bytes_written,
             cache_load_s=round(report.load_s, 4),
+            cache_tier=report.tier,
+            reused_documents=report.reused_documents,
+            recomputed_tokens=report.recomputed_tokens,
+            reuse_note=report.reuse_note,
             finish_reason="length" if row.finish_reason == "length" else "stop",
             decode_reselections=row.votes.reselections if row.votes is not None else 0,
             dropped_doc_ids=layout.dropped_doc_ids,

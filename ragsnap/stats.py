@@ -35,10 +35,14 @@ class AnswerStats:
     kv_bytes_full: int
     kv_bytes_kept: int
     total_s: float
-    cache: str = "off"  # off | miss | hit | prefix-hit | unavailable
+    cache: str = "off"  # off | miss | hit | prefix-hit | document-hit | unavailable
     cache_bytes_read: int = 0
     cache_bytes_written: int = 0
     cache_load_s: float = 0.0
+    cache_tier: str = "off"  # what served the prefill: exact | prefix | documents | cold | off
+    reused_documents: int = 0  # documents whose KV came from the per-document tier
+    recomputed_tokens: int = 0  # tokens of an assembled prefix recomputed with full context
+    reuse_note: str | None = None  # why the per-document tier could not serve this model
     finish_reason: str = "stop"  # stop | length
     stop_sequence: str | None = None  # the stop string that ended the answer
     decode_reselections: int = 0  # layer selections of decode-phase SnapKV

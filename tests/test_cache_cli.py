@@ -17,8 +17,9 @@ pytestmark = pytest.mark.model
 def reuse_model(engine, monkeypatch):
     """``RagSnapEngine.load`` builds on the session's loaded model instead of loading again."""
 
-    def load(cls, model="embedded", *, store=None, prefix_cache=True, storage_dtype=None, **_):
-        return cls(engine.loaded, store=store, prefix_cache=prefix_cache)
+    def load(cls, model="embedded", *, store=None, prefix_cache=True, storage_dtype=None, **kw):
+        tier = {k: kw[k] for k in ("document_cache", "recompute_share") if k in kw}
+        return cls(engine.loaded, store=store, prefix_cache=prefix_cache, **tier)
 
     monkeypatch.setattr(RagSnapEngine, "load", classmethod(load))
 
@@ -45,6 +46,7 @@ def test_ask_caches_and_the_cache_commands_see_it(reuse_model, tmp_path: Path, c
         "--max-new-tokens",
         "4",
         "--json",
+        "--no-document-cache",  # the per-document tier's entries are counted in its own tests
     ]
     first = run(capsys, *ask, "--cache", url)
     again = run(capsys, *ask, "--cache", url)

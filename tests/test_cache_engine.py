@@ -118,7 +118,8 @@ def test_damaged_entry_is_a_miss_cleaned_up_and_recomputed(
     engine, redis_server, ns, damage, caplog
 ):
     store = RedisKVStore.from_url(redis_server.url + "?chunk_bytes=65536")
-    eng = RagSnapEngine(engine.loaded, store=store, prefix_cache=False)
+    # the exact tier alone: neither the prefix nor the per-document tier may serve the retry
+    eng = RagSnapEngine(engine.loaded, store=store, prefix_cache=False, document_cache=False)
     first = ask(eng, Q1, ns)
     key = eng.tiers.entry_keys(
         eng.build_prompt(Q1, DOCS, options().generation), options().press, Q1, ns

@@ -1,12 +1,16 @@
-"""The cached prefill: lookup -> hit / prefix hit / miss, then store.
+"""The cached prefill: lookup -> hit / prefix hit / document hit / miss, then store.
 
-hit         the compressed KV and the prompt's last logits are loaded; no forward pass.
-prefix hit  the full KV of the document prefix is loaded and only the tail (the question
-            and the generation prompt) is prefilled on top of it, then compressed with the
-            tail's own observation window; when the tail is shorter than the window, the
-            loaded prefix is cropped so the forward pass covers the whole window.
-miss        the prompt is prefilled, in the same two steps when a prefix entry is wanted
-            (prefix, then tail), so a later prefix hit repeats exactly this computation.
+hit           the compressed KV and the prompt's last logits are loaded; no forward pass.
+prefix hit    the full KV of the document prefix is loaded and only the tail (the question
+              and the generation prompt) is prefilled on top of it, then compressed with the
+              tail's own observation window; when the tail is shorter than the window, the
+              loaded prefix is cropped so the forward pass covers the whole window.
+document hit  the prefix is assembled from per-document pieces (any order, any combination;
+              see :mod:`ragsnap.cache.document_tier`) with a share of its tokens recomputed,
+              then the tail is prefilled and compressed as after a prefix hit.
+miss          the prompt is prefilled, in the same two steps when a prefix entry is wanted
+              (prefix, then tail), so a later prefix hit repeats exactly this computation;
+              the pieces of its documents are computed and stored after the answer.
 
 Store errors never fail a request: an unreachable store makes the answer ``unavailable``
 and computes without it; a damaged or stale entry is deleted and recomputed.
@@ -23,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from ragsnap.cache import keys
+from ragsnap.cache.document_tier import DEFAULT_RECOMPUTE_SHARE, DocumentRunner, DocumentTier
 from ragsnap.cache.serialization import (
     StaleEntry,
     deserialize_prefill,
@@ -47,9 +52,14 @@ FLIGHT_WAIT_S = 600.0
 
 @dataclass
 class CacheReport:
-    """What the cache did for one answer; ``status`` is off|miss|hit|prefix-hit|unavailable."""
+    """What the cache did for one answer; ``status`` is off|miss|hit|prefix-hit|document-hit|
+    unavailable. ``tier`` names what served the prefill (exact|prefix|documents|cold|off)."""
 
     status: str = "off"
+    tier: str = "off"
+    reused_documents: int = 0  # document pieces loaded from the per-document tier
+    recomputed_tokens: int = 0  # prompt tokens of an assembled prefix run with full context
+    reuse_note: str | None = None  # why the per-document tier was not used, when it was not
     bytes_read: int = 0
     bytes_written: int = 0
     load_s: float = 0.0
@@ -59,7 +69,7 @@ class CacheReport:
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-class PrefillRunner(Protocol):
+class PrefillRunner(DocumentRunner, Protocol):
     """What the tiers need of the model: a (chunked, cancellable) prefill and caches."""
 
     def prefill(
@@ -91,12 +101,17 @@ class CachedPrefill:
         *,
         prefix_cache: bool = True,
         storage_dtype: torch.dtype | None = None,
+        document_cache: bool = False,
+        recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
     ) -> None:
+        """``document_cache`` keeps each document's KV for prompts that combine them anew,
+        recomputing ``recompute_share`` of their tokens (0: plain concatenation)."""
         self.runner = runner
         self.loaded = loaded
         self.store = store
         self.prefix_cache = prefix_cache
         self.storage_dtype = storage_dtype
+        self.documents = DocumentTier(self, runner, recompute_share) if document_cache else None
 
     # -- keys -------------------------------------------------------------------------
 
@@ -138,7 +153,8 @@ class CachedPrefill:
 
     def prefix_start(self, layout: PromptLayout, press: Press) -> int:
         """Where the final forward pass starts when the prefix is reused; 0 = no reuse."""
-        if not self.prefix_cache or not press.window_only or not layout.documents:
+        reuse = self.prefix_cache or self.documents is not None
+        if not reuse or not press.window_only or not layout.documents:
             return 0
         return max(0, min(layout.prefix_len, layout.num_tokens - window_floor(press)))
 
@@ -161,13 +177,13 @@ class CachedPrefill:
         if loaded is not None:
             return loaded, report
         if report.status == "unavailable":
-            return self._compute(layout, press, pkey, report, False, on_chunk), report
+            return self._compute(layout, press, pkey, report, False, on_chunk, namespace), report
         with self.store.exclusive(ckey, wait_s=FLIGHT_WAIT_S):
             loaded = self._load_compressed(ckey, report)  # another request computed it meanwhile
             if loaded is not None:
                 return loaded, report
             storing = report.status != "unavailable"
-            result = self._compute(layout, press, pkey, report, storing, on_chunk)
+            result = self._compute(layout, press, pkey, report, storing, on_chunk, namespace)
             if storing:
                 self._put(ckey, lambda: self._serialize(result), report)
         return result, report
@@ -229,7 +245,7 @@ class CachedPrefill:
         except Exception as exc:  # any entry that does not load is a miss, never a 500
             self._drop(key, exc)
             return None
-        report.status = "hit"
+        report.status, report.tier = "hit", "exact"
         report.bytes_read += len(payload)
         report.load_s += time.perf_counter() - started
         return PrefillResult(
@@ -256,33 +272,33 @@ class CachedPrefill:
         report: CacheReport,
         store: bool,
         on_chunk: Callable[[], None] | None,
+        namespace: str | None = None,
     ) -> PrefillResult:
         start = self.prefix_start(layout, press)
         roles = prompt_roles(self.loaded.tokenizer, layout)
+        report.tier = "cold"
         if start <= 0:
             return self.runner.prefill(layout.input_ids, press, on_chunk=on_chunk, roles=roles)
         prefix_s, prefix_tokens = 0.0, 0  # the document-prefix pass, when this request runs it
-        prefix = self._load_prefix(pkey, layout, report) if store else None
+        prefix = self._load_prefix(pkey, layout, report) if store and self.prefix_cache else None
         if prefix is not None:
-            report.status = "prefix-hit"
-        else:
+            report.status, report.tier = "prefix-hit", "prefix"
+        elif store and self.documents is not None:
+            assembled = self.documents.assemble(layout, namespace, report)
+            if assembled is not None:
+                report.status, report.tier = "document-hit", "documents"
+                report.recomputed_tokens = assembled.recomputed
+                prefix, prefix_s, prefix_tokens = (
+                    assembled.layers,
+                    assembled.seconds,
+                    assembled.recomputed,
+                )
+        if prefix is None:
             prefix_started = time.perf_counter()
             prefix = self.runner.prefill_full(layout.input_ids[: layout.prefix_len], on_chunk)
             prefix_s, prefix_tokens = time.perf_counter() - prefix_started, layout.prefix_len
-            if store:
-                loaded = self.loaded
-                report.pending.append(
-                    (
-                        pkey,
-                        lambda: serialize_prefix(
-                            prefix,
-                            prefix_len=layout.prefix_len,
-                            model_id=loaded.model_id,
-                            revision=loaded.revision,
-                            storage_dtype=self.storage_dtype,
-                        ),
-                    )
-                )
+            if store and self.prefix_cache:
+                report.pending.append((pkey, self._prefix_payload(prefix, layout)))
         with torch.inference_mode():
             cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
         result = self.runner.prefill(
@@ -296,6 +312,16 @@ class CachedPrefill:
         result.prefill_s += prefix_s  # the figures cover both passes of a miss
         result.processed_tokens += prefix_tokens
         return result
+
+    def _prefix_payload(self, prefix: Layers, layout: PromptLayout) -> Callable[[], bytes]:
+        loaded = self.loaded
+        return lambda: serialize_prefix(
+            prefix,
+            prefix_len=layout.prefix_len,
+            model_id=loaded.model_id,
+            revision=loaded.revision,
+            storage_dtype=self.storage_dtype,
+        )
 
     def _load_prefix(
         self, key: EntryKey, layout: PromptLayout, report: CacheReport

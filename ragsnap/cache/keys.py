@@ -5,7 +5,9 @@ template version, the press config, the ORDERED document content hashes and the
 normalized question; the digest of the prompt's token ids is added as well, so that two
 requests share an entry only when the model saw exactly the same prompt (a question that
 normalizes the same but tokenizes differently, or a document truncated differently, gets
-its own entry). A prefix entry depends on the model, the template, the document hashes and
+its own entry). A document entry (one document's body, computed after the prompt head)
+depends on the model, the template, the head tokens, the document's content hash and its
+body tokens, never on the question, the press or the other documents. A prefix entry depends on the model, the template, the document hashes and
 the prefix tokens only, so any question over the same documents finds it. Keys are always
 computed here from the request, never taken from a client.
 """
@@ -19,7 +21,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
-from ragsnap.cache.serialization import KIND_COMPRESSED, KIND_PREFIX
+from ragsnap.cache.serialization import KIND_COMPRESSED, KIND_DOCUMENT, KIND_PREFIX
 from ragsnap.cache.store import DEFAULT_NAMESPACE, EntryKey
 
 
@@ -97,3 +99,29 @@ def prefix_key(
         }
     )
     return EntryKey(namespace or DEFAULT_NAMESPACE, KIND_PREFIX, digest)
+
+
+def document_key(
+    namespace: str | None,
+    *,
+    model: dict[str, str],
+    template_version: str,
+    doc_hash: str,
+    head_ids: Sequence[int],
+    body_ids: Sequence[int],
+    storage_dtype: str | None = None,
+) -> EntryKey:
+    """Key of one document body's full KV (the per-document tier): no question, no press,
+    no order; the ``[n]`` label is outside the body, so any position and number share it."""
+    digest = canonical_digest(
+        {
+            "kind": KIND_DOCUMENT,
+            "model": model,
+            "template": template_version,
+            "document": doc_hash,
+            "head_tokens": token_digest(head_ids),
+            "body_tokens": token_digest(body_ids),
+            "storage_dtype": storage_dtype,
+        }
+    )
+    return EntryKey(namespace or DEFAULT_NAMESPACE, KIND_DOCUMENT, digest)

@@ -23,6 +23,9 @@ from ragsnap.compression import CompressedLayer
 FORMAT_VERSION = "1"
 KIND_COMPRESSED = "kv"
 KIND_PREFIX = "prefix"
+KIND_DOCUMENT = (
+    "doc"  # one document body's full KV (the per-document tier), same layout as a prefix
+)
 _HEADER_LIMIT = 100 * 2**20  # safetensors' own cap on the JSON header
 
 
@@ -321,8 +324,10 @@ def serialize_prefix(
     model_id: str,
     revision: str,
     storage_dtype: torch.dtype | None = None,
+    kind: str = KIND_PREFIX,
 ) -> bytes:
-    """The full KV of a document prefix (``[1, Hkv, prefix_len, D]`` per layer) as bytes."""
+    """The full KV of a document prefix (``[1, Hkv, prefix_len, D]`` per layer) as bytes;
+    ``kind`` ``KIND_DOCUMENT`` marks one document's piece instead."""
     from safetensors.torch import save
 
     tensors: dict[str, torch.Tensor] = {}
@@ -331,7 +336,7 @@ def serialize_prefix(
     model_dtype = layers[0][0].dtype
     metadata = {
         "format_version": FORMAT_VERSION,
-        "kind": KIND_PREFIX,
+        "kind": kind,
         "model_id": model_id,
         "revision": revision,
         "prefix_len": str(prefix_len),
@@ -350,6 +355,7 @@ def deserialize_prefix(
     prefix_len: int,
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
+    kind: str = KIND_PREFIX,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``(keys, values)`` per layer, ``[1, Hkv, prefix_len, D]``, on ``device``, in the
     entry's compute dtype (which must be ``dtype`` when given).
@@ -358,7 +364,7 @@ def deserialize_prefix(
     entry that is not self-consistent (dtypes, shapes).
     """
     meta = read_metadata(payload)
-    _check(meta, KIND_PREFIX, model_id, revision)
+    _check(meta, kind, model_id, revision)
     if meta.get("prefix_len") != str(prefix_len):
         raise StaleEntry(f"prefix of {meta.get('prefix_len')} tokens, expected {prefix_len}")
     dtype = _model_dtype(meta, dtype)

@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             store=store,
             prefix_cache=args.prefix_cache,
+            document_cache=args.document_cache,
+            recompute_share=args.recompute_share,
         )
     done: DoneEvent | None = None
     for event in engine.stream(args.question, documents, options, namespace=args.namespace):

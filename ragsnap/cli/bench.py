@@ -16,6 +16,7 @@ BENCHMARKS = {
     "batch": "aggregate decode tokens/s of batched requests, compressed vs full caches",
     "peer": "ragsnap serve against vLLM on the same RAG requests: answers/s, TTFT, agreement",
     "overhead": "Ray Serve's added latency per request and per streamed token vs in-process",
+    "reuse": "per-document KV reuse in new combinations and orders vs cold prefills, per recompute share",
 }
 
 

@@ -133,6 +133,22 @@ def add_cache_options(parser: argparse.ArgumentParser, *, prefix_flag: bool = Tr
             help="also keep the full KV of the document prefix, so a new question over the "
             "same documents prefills only its own tokens",
         )
+        group.add_argument(
+            "--document-cache",
+            action=argparse.BooleanOptionalAction,
+            default=False,
+            help="also keep each document's KV, reused (approximately: re-encoded, a share "
+            "recomputed) in new combinations and orders",
+        )
+        group.add_argument(
+            "--recompute-share",
+            type=float,
+            default=float(os.environ.get("RAGSNAP_REUSE_RECOMPUTE", "0.15")),
+            metavar="S",
+            help="share of reused document tokens recomputed with the full context "
+            "(0: plain concatenation, 1: as a cold prefill; default $RAGSNAP_REUSE_RECOMPUTE "
+            "or 0.15)",
+        )
 
 
 def open_store_from_args(args: argparse.Namespace) -> KVStore:

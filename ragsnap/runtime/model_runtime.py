@@ -11,6 +11,7 @@ from ragsnap.compression import Press
 from ragsnap.compression.words import word_starts
 from ragsnap.generation import GenerationConfig, stop_token_ids
 from ragsnap.models import LoadedModel
+from ragsnap.runtime import blend as _blend
 from ragsnap.runtime import prefill as _prefill
 from ragsnap.runtime.answer_attention import answer_attention
 from ragsnap.runtime.attention import install_runtime_attention
@@ -98,6 +99,28 @@ class ModelRuntime:
             self.model, self.cache_kwarg, input_ids, cache, chunk=self.chunk, on_chunk=on_chunk
         )
         return [(layer.keys, layer.values) for layer in cache.layers]
+
+    def blend_support(self) -> str | None:
+        """None when prompts can be assembled from per-document KV, else why not."""
+        return _blend.blend_support(self.model)
+
+    def document_pieces(
+        self, head_ids: Sequence[int], bodies: Sequence[Sequence[int]]
+    ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Each body's full KV computed right after ``head_ids`` (see ``runtime.blend``)."""
+        return _blend.document_pieces(self.model, self.cache_kwarg, head_ids, bodies)
+
+    def blend_prefix(
+        self,
+        prefix_ids: Sequence[int],
+        head_len: int,
+        pieces: Sequence[_blend.PlacedPiece],
+        share: float,
+    ) -> _blend.BlendResult:
+        """The prefix KV assembled from ``pieces`` with ``share`` of their tokens recomputed."""
+        return _blend.blend_prefix(
+            self.model, self.cache_kwarg, prefix_ids, head_len, pieces, share
+        )
 
     def forward(self, token_ids: Sequence[int], cache: Any, start: int) -> torch.Tensor:
         """Run ``token_ids`` at positions ``start..`` on a plain model cache; last logits ``[1, V]``."""

@@ -1,0 +1,228 @@
+"""The per-document tier: each document's KV stored once, reused in any combination and order.
+
+A prompt's document ``i`` is the tokens of ``[n] title\\ntext``. Its ``[n]`` label changes
+with the order, so the stored piece is the rest, the body, as it tokenizes in this prompt
+(the key holds the body's token digest: a tokenizer that merged label and body would give
+another key, a miss, never a wrong piece). The body is computed once right after the
+prompt head at positions ``head_len ..`` and stored full (compression happens after
+assembly, with this prompt's question). Assembly re-encodes each piece to its place and
+recomputes the labels and ``share`` of the body tokens with the full context (see
+:mod:`ragsnap.runtime.blend`); the tail then prefills on top with the press, as after a
+prefix hit. Entries share the store, serialization, TTL, eviction and damage handling of
+the other tiers; they are keyed without the question, the press or the other documents,
+within the namespace.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from ragsnap.cache import keys
+from ragsnap.cache.serialization import KIND_DOCUMENT, deserialize_prefix, serialize_prefix
+from ragsnap.cache.store import EntryKey
+from ragsnap.prompt import encode_user_text
+from ragsnap.runtime.blend import BlendResult, PlacedPiece
+
+if TYPE_CHECKING:
+    from ragsnap.cache.cached_prefill import CachedPrefill, CacheReport
+    from ragsnap.prompt import PromptLayout
+
+logger = logging.getLogger(__name__)
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
+# assemble when at least this share of the documents comes from the tier (the rest is
+# computed alone on the spot); below it a cold prefill is cheaper than pieces + recompute
+MIN_REUSED_SHARE = 0.5
+DEFAULT_RECOMPUTE_SHARE = 0.15  # CacheBlend's operating point (about 15% of tokens)
+
+
+class DocumentRunner(Protocol):
+    """What the tier needs of the model (``ModelRuntime`` provides it)."""
+
+    def blend_support(self) -> str | None: ...
+
+    def document_pieces(
+        self, head_ids: Sequence[int], bodies: Sequence[Sequence[int]]
+    ) -> list[Layers]: ...
+
+    def blend_prefix(
+        self, prefix_ids: Sequence[int], head_len: int, pieces: Sequence[PlacedPiece], share: float
+    ) -> BlendResult: ...
+
+
+@dataclass(frozen=True)
+class DocumentSlot:
+    """Where document ``index``'s body sits in a prompt and the key of its piece."""
+
+    index: int
+    key: EntryKey
+    start: int  # prompt position of the body's first token (after the label)
+    body: tuple[int, ...]
+
+
+@dataclass
+class Assembled:
+    """A prefix built from pieces: KV ``[1, Hkv, prefix_len, D]`` per layer."""
+
+    layers: Layers
+    reused: int  # documents whose piece came from the store
+    recomputed: int  # prompt positions run with the full context (labels, chosen, missing)
+    seconds: float
+
+
+class DocumentTier:
+    """Per-document pieces of ``owner``'s store (its get/put/drop never raise)."""
+
+    def __init__(self, owner: CachedPrefill, runner: DocumentRunner, share: float) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"the recompute share must be in [0, 1], got {share}")
+        self.owner, self.runner, self.share = owner, runner, share
+
+    def slots(self, layout: PromptLayout, namespace: str | None) -> list[DocumentSlot | None]:
+        """Per document, its slot; None where its label does not tokenize apart from the body."""
+        tokenizer = self.owner.loaded.tokenizer
+        head = layout.input_ids[: layout.doc_spans[0][0]] if layout.doc_spans else []
+        model = self.owner._model_identity()
+        out: list[DocumentSlot | None] = []
+        for i, (document, (start, end)) in enumerate(
+            zip(layout.documents, layout.doc_spans, strict=True)
+        ):
+            label = encode_user_text(tokenizer, f"[{i + 1}]")
+            piece = layout.input_ids[start:end]
+            if piece[: len(label)] != label or len(piece) <= len(label):
+                out.append(None)
+                continue
+            body = tuple(piece[len(label) :])
+            key = keys.document_key(
+                namespace,
+                model=model,
+                template_version=layout.template_version,
+                doc_hash=document.content_hash,
+                head_ids=head,
+                body_ids=body,
+                storage_dtype=self.owner._storage_label(),
+            )
+            out.append(DocumentSlot(i, key, start + len(label), body))
+        return out
+
+    def assemble(
+        self, layout: PromptLayout, namespace: str | None, report: CacheReport
+    ) -> Assembled | None:
+        """The prompt's document prefix from the tier, or None (then prefill cold; the
+        pieces this prompt lacked are left in ``report.pending`` to store after the answer)."""
+        reason = self.runner.blend_support()
+        if reason is not None:
+            report.reuse_note = reason
+            return None
+        started = time.perf_counter()
+        slots = self.slots(layout, namespace)
+        found: dict[int, Layers] = {}
+        for slot in slots:
+            if slot is None:
+                continue
+            layers = self._load(slot, report)
+            if report.status == "unavailable":
+                return None
+            if layers is not None:
+                found[slot.index] = layers
+        usable = [s for s in slots if s is not None]
+        missing = [s for s in usable if s.index not in found]
+        if len(found) < MIN_REUSED_SHARE * len(layout.documents):
+            self._queue(layout, missing, report)
+            return None
+        head_len = layout.doc_spans[0][0]
+        head = layout.input_ids[:head_len]
+        computed = self.runner.document_pieces(head, [s.body for s in missing]) if missing else []
+        for slot, layers in zip(missing, computed, strict=True):
+            found[slot.index] = layers
+            report.pending.append((slot.key, self._payload(slot, _constant(layers))))
+        placed = [PlacedPiece(found[s.index], head_len, s.start) for s in usable]
+        blend = self.runner.blend_prefix(
+            layout.input_ids[: layout.prefix_len], head_len, placed, self.share
+        )
+        report.reused_documents = len(found) - len(missing)
+        return Assembled(
+            layers=blend.layers,
+            reused=report.reused_documents,
+            recomputed=len(blend.recomputed) + sum(len(s.body) for s in missing),
+            seconds=time.perf_counter() - started,
+        )
+
+    def _load(self, slot: DocumentSlot, report: CacheReport) -> Layers | None:
+        owner, started = self.owner, time.perf_counter()
+        payload = owner._get(slot.key, report)
+        if payload is None:
+            return None
+        loaded = owner.loaded
+        try:
+            layers = deserialize_prefix(
+                payload,
+                model_id=loaded.model_id,
+                revision=loaded.revision,
+                prefix_len=len(slot.body),
+                device=loaded.device,
+                dtype=next(loaded.model.parameters()).dtype,
+                kind=KIND_DOCUMENT,
+            )
+            owner.runner.cache_from(layers)  # the model's layer layout, or a miss here
+        except Exception as exc:  # any entry that does not load is a miss, never a 500
+            owner._drop(slot.key, exc)
+            return None
+        report.bytes_read += len(payload)
+        report.load_s += time.perf_counter() - started
+        return layers
+
+    def queue_all(self, layout: PromptLayout, namespace: str | None, report: CacheReport) -> None:
+        """After a cold prefill the tier was not asked about: store every piece later."""
+        if self.runner.blend_support() is None:
+            self._queue(layout, [s for s in self.slots(layout, namespace) if s], report)
+
+    def _queue(
+        self, layout: PromptLayout, missing: Sequence[DocumentSlot], report: CacheReport
+    ) -> None:
+        """Leave the pieces of ``missing`` to compute and store after the answer: one extra
+        forward of their bodies after the head (no cross-document attention), off the TTFT."""
+        if not missing:
+            return
+        head = layout.input_ids[: layout.doc_spans[0][0]]
+        computed: list[Layers] = []
+
+        def pieces() -> list[Layers]:
+            if not computed:  # one pass for all of them, on the first write
+                computed.extend(self.runner.document_pieces(head, [s.body for s in missing]))
+            return computed
+
+        for i, slot in enumerate(missing):
+            report.pending.append((slot.key, self._payload(slot, _item(pieces, i))))
+
+    def _payload(self, slot: DocumentSlot, layers: Callable[[], Layers]) -> Callable[[], bytes]:
+        loaded, dtype = self.owner.loaded, self.owner.storage_dtype
+
+        def serialize() -> bytes:
+            return serialize_prefix(
+                layers(),
+                prefix_len=len(slot.body),
+                model_id=loaded.model_id,
+                revision=loaded.revision,
+                storage_dtype=dtype,
+                kind=KIND_DOCUMENT,
+            )
+
+        return serialize
+
+
+def _constant(layers: Layers) -> Callable[[], Layers]:
+    return lambda: layers
+
+
+def _item(pieces: Callable[[], list[Layers]], i: int) -> Callable[[], Layers]:
+    return lambda: pieces()[i]
+
+
+__all__ = ["DEFAULT_RECOMPUTE_SHARE", "Assembled", "DocumentSlot", "DocumentTier"]

@@ -1,0 +1,234 @@
+"""Document prefixes assembled from per-document KV, with selective recompute (CacheBlend-like).
+
+A document's piece is its body's KV computed once, right after the prompt head (so the
+head, not the document's first token, is the attention sink it learned), at positions
+``head_len ..``. For a new prompt, :func:`blend_prefix` places each piece at its position
+(keys re-encoded by :mod:`ragsnap.runtime.reencode`), computes the head fresh, and then
+recomputes a chosen set of tokens through every layer with the whole assembled context:
+the tokens never cached (each document's ``[n]`` label, whose number depends on the order)
+and the ``share`` of body tokens whose reused KV deviates most from a fresh computation at
+an early layer (CacheBlend, arXiv 2405.16444, picks by KV deviation at layer 1). Each
+recomputed token's new KV overwrites the reused one in every layer before attention runs,
+so with ``share = 1`` every document token is recomputed: the cold prefix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ragsnap.runtime.attention import StepMask, step_masks
+from ragsnap.runtime.forward import sliding_windows
+from ragsnap.runtime.kv import cache_from_layers
+from ragsnap.runtime.prefill import forward_chunk
+from ragsnap.runtime.reencode import reencode_support, shift_layers
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
+# the layer whose fresh-vs-reused KV deviation ranks tokens (CacheBlend uses the first
+# layer after an attention pass: layer 0's KV depends on the token alone)
+SELECT_LAYER = 1
+
+
+@dataclass(frozen=True)
+class PlacedPiece:
+    """A cached document body placed in a prompt: KV ``[1, Hkv, n, D]`` per layer, computed
+    at positions ``base ..``, to sit at positions ``start .. start + n``."""
+
+    layers: Layers
+    base: int
+    start: int
+
+    @property
+    def length(self) -> int:
+        return int(self.layers[0][0].shape[2])
+
+
+@dataclass
+class BlendResult:
+    """The assembled prefix KV (``[1, Hkv, P, D]`` per layer) and what was recomputed."""
+
+    layers: Layers
+    recomputed: list[int]  # prompt positions recomputed with the full context
+    selected: int  # of those, body tokens chosen by deviation
+
+
+def blend_support(model: Any) -> str | None:
+    """None when :func:`blend_prefix` covers ``model``, else why a cold prefill is needed."""
+    reason = reencode_support(model)
+    if reason is None and any(w is not None for w in sliding_windows(model.config)):
+        # a sliding layer keeps only its window: a prefix assembled at full length is not its cache
+        reason = "sliding-window attention layers are not assembled from pieces"
+    return reason
+
+
+class _StopForward(Exception):
+    """Raised once the selection layer has written its KV: the rest of the pass is not needed."""
+
+
+@torch.inference_mode()
+def document_pieces(
+    model: Any, cache_kwarg: str, head_ids: Sequence[int], bodies: Sequence[Sequence[int]]
+) -> list[Layers]:
+    """Each body's KV computed after the head alone, ``[1, Hkv, n_i, D]`` per layer."""
+    head = model_cache(model)
+    forward_chunk(model, cache_kwarg, head_ids, head, 0)
+    head_layers = [(layer.keys, layer.values) for layer in head.layers]
+    base = len(head_ids)
+    pieces = []
+    for body in bodies:
+        cache = cache_from_layers(model.config, head_layers)  # appends copy, head stays intact
+        forward_chunk(model, cache_kwarg, body, cache, base)
+        pieces.append(
+            [(layer.keys[:, :, base:], layer.values[:, :, base:]) for layer in cache.layers]
+        )
+    return pieces
+
+
+def model_cache(model: Any) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model.config)
+
+
+def _assemble(model: Any, head: Layers, pieces: Sequence[PlacedPiece], length: int) -> Layers:
+    """Head KV then every piece re-encoded at its place; positions nothing fills stay zero."""
+    out: Layers = []
+    for i, (hk, hv) in enumerate(head):
+        shape = (1, hk.shape[1], length, hk.shape[3])
+        out.append((hk.new_zeros(shape), hv.new_zeros(shape)))
+        out[i][0][:, :, : hk.shape[2]] = hk
+        out[i][1][:, :, : hv.shape[2]] = hv
+    for piece in pieces:
+        moved = shift_layers(model, piece.layers, piece.start - piece.base)
+        end = piece.start + piece.length
+        for (k, v), (pk, pv) in zip(out, moved, strict=True):
+            k[:, :, piece.start : end], v[:, :, piece.start : end] = pk, pv
+    return out
+
+
+def _fresh_select_layer(
+    model: Any, cache_kwarg: str, prefix_ids: Sequence[int], head: Layers, head_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer ``SELECT_LAYER``'s KV of positions ``head_len ..`` computed with the full
+    context (``[1, Hkv, P - head_len, D]`` each); the pass stops as soon as that layer's
+    cache is written (about ``SELECT_LAYER + 0.2`` layers of a prefill)."""
+    cache = cache_from_layers(model.config, head)
+    layer = cache.layers[SELECT_LAYER]
+    store = layer.update
+
+    def update(*args: Any, **kwargs: Any) -> Any:
+        store(*args, **kwargs)
+        raise _StopForward  # the layer's KV is written: its attention and the rest are not needed
+
+    layer.update = update  # this cache object only; the model is untouched
+    try:
+        forward_chunk(model, cache_kwarg, prefix_ids[head_len:], cache, head_len)
+    except _StopForward:
+        pass
+    layer = cache.layers[SELECT_LAYER]
+    return layer.keys[:, :, head_len:], layer.values[:, :, head_len:]
+
+
+def deviation(
+    fresh: tuple[torch.Tensor, torch.Tensor], reused: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """``[n]``: squared distance of each token's reused keys and values from fresh ones,
+    each relative to the fresh tensor's mean squared norm (keys and values weigh alike)."""
+    total = torch.zeros(fresh[0].shape[2], device=fresh[0].device)
+    for f, r in zip(fresh, reused, strict=True):
+        diff = (f.float() - r.float()).pow(2).sum(dim=(0, 1, 3))
+        total += diff / f.float().pow(2).sum(dim=(0, 1, 3)).mean().clamp_min(1e-12)
+    return total
+
+
+def _scatter_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class ScatterLayer(DynamicLayer):  # type: ignore[misc]
+        """A full-length layer whose ``update`` writes the new tokens' KV at their positions."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor) -> None:
+            super().__init__()
+            self.lazy_initialization(keys, values)
+            self.keys, self.values, self.at = keys, values, at
+
+        def update(self, key_states, value_states, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self.keys.index_copy_(2, self.at, key_states.to(self.keys.dtype))
+            self.values.index_copy_(2, self.at, value_states.to(self.values.dtype))
+            return self.keys, self.values
+
+    return ScatterLayer
+
+
+@torch.inference_mode()
+def recompute(
+    model: Any, cache_kwarg: str, ids: Sequence[int], layers: Layers, at: list[int]
+) -> None:
+    """Rerun the tokens at positions ``at`` (sorted) through every layer on ``layers``
+    (``[1, Hkv, P, D]``, changed in place): each sees every key at or before its position."""
+    from transformers import DynamicCache
+
+    device = layers[0][0].device
+    index = torch.tensor(at, device=device)
+    cache = DynamicCache()
+    cache.layers = [_scatter_layer_class()(k, v, index) for k, v in layers]
+    length = layers[0][0].shape[2]
+    visible = torch.arange(length, device=device).view(1, -1) <= index.view(-1, 1)  # [q, P]
+    mask = torch.zeros(visible.shape, dtype=layers[0][0].dtype, device=device)
+    mask = mask.masked_fill_(~visible, float("-inf")).view(1, 1, len(at), length)
+    step = StepMask(mask, (length,))
+    with step_masks(dict.fromkeys(range(len(layers)), step)):
+        model(
+            input_ids=torch.tensor([[ids[p] for p in at]], device=device),
+            position_ids=index.view(1, -1),
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kwarg: cache},
+        )
+
+
+@torch.inference_mode()
+def blend_prefix(
+    model: Any,
+    cache_kwarg: str,
+    prefix_ids: Sequence[int],
+    head_len: int,
+    pieces: Sequence[PlacedPiece],
+    share: float,
+) -> BlendResult:
+    """The KV of ``prefix_ids`` (``[1, Hkv, P, D]`` per layer) from reused ``pieces``.
+
+    Positions ``[0, head_len)`` are computed fresh; every position in ``[head_len, P)``
+    that no piece covers is recomputed, and so is the top ``share`` of covered positions
+    by :func:`deviation` at layer ``SELECT_LAYER`` (all of them when ``share >= 1``).
+    """
+    length = len(prefix_ids)
+    head = model_cache(model)
+    forward_chunk(model, cache_kwarg, prefix_ids[:head_len], head, 0)
+    head_layers = [(layer.keys, layer.values) for layer in head.layers]
+    layers = _assemble(model, head_layers, pieces, length)
+    covered = torch.zeros(length, dtype=torch.bool)
+    for piece in pieces:
+        covered[piece.start : piece.start + piece.length] = True
+    covered[:head_len] = False
+    body = covered.nonzero().flatten()
+    chosen = torch.zeros(length, dtype=torch.bool)
+    count = min(len(body), math.ceil(share * len(body) - 1e-9)) if share > 0 else 0
+    if count >= len(body):
+        chosen[body] = True
+    elif count > 0:
+        fresh = _fresh_select_layer(model, cache_kwarg, prefix_ids, head_layers, head_len)
+        k, v = layers[SELECT_LAYER]
+        score = deviation(fresh, (k[:, :, head_len:], v[:, :, head_len:])).cpu()
+        ranked = score[body - head_len].topk(count).indices
+        chosen[body[ranked]] = True
+    redo = ~covered
+    redo[:head_len] = False
+    at = (redo | chosen).nonzero().flatten().tolist()
+    if at:
+        recompute(model, cache_kwarg, prefix_ids, layers, at)
+    return BlendResult(layers=layers, recomputed=at, selected=count)

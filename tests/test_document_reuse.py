@@ -1,0 +1,297 @@
+"""The per-document tier: exact RoPE re-encoding, assembly with selective recompute, and
+entries shared across questions and orders but never across namespaces or damage."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ragsnap.cache import open_store
+from ragsnap.cache.serialization import KIND_DOCUMENT
+from ragsnap.cache.store import EntryKey
+from ragsnap.compression import SnapKVPress
+from ragsnap.documents import Document
+from ragsnap.engine import AnswerOptions, RagSnapEngine
+from ragsnap.generation import GenerationConfig
+from ragsnap.models import LoadedModel
+from ragsnap.runtime.attention import install_runtime_attention
+from ragsnap.runtime.blend import (
+    PlacedPiece,
+    _fresh_select_layer,
+    blend_prefix,
+    document_pieces,
+    model_cache,
+)
+from ragsnap.runtime.prefill import forward_chunk
+from ragsnap.runtime.reencode import reencode_support, shift_layers
+from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_model, tiny_tokenizer
+
+KWARG = "past_key_values"
+
+
+def _kv(model, ids: list[int], start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    cache = model_cache(model)
+    forward_chunk(model, KWARG, ids, cache, start)
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _max_diff(a, b) -> float:
+    return max(
+        float((x - y).abs().max())
+        for (xk, xv), (yk, yv) in zip(a, b, strict=True)
+        for x, y in ((xk, yk), (xv, yv))
+    )
+
+
+def _assert_reencoding_exact(model, ids: list[int], offset: int) -> None:
+    alone, later = _kv(model, ids, 0), _kv(model, ids, offset)
+    assert _max_diff(alone, later) > 1e-2  # positions do change the keys
+    assert _max_diff(shift_layers(model, alone, offset), later) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_reencoding_is_exact_on_tiny_models(arch):
+    model = tiny_model(arch)
+    assert reencode_support(model) is None
+    # 12 tokens stay inside Gemma3's 16-token sliding window, so every layer keeps them all
+    _assert_reencoding_exact(model, random_prompt(12, seed=1), offset=37)
+
+
+def test_unsupported_rope_is_named():
+    model = tiny_model(
+        "llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    )
+    assert "dynamic" in (reencode_support(model) or "")
+
+
+def _placed(model, head: list[int], bodies: list[list[int]], order: list[int]):
+    pieces = document_pieces(model, KWARG, head, bodies)
+    prefix, placed = list(head), []
+    for n, i in enumerate(order):
+        prefix.append(2 + n)  # a label token, never cached
+        placed.append(PlacedPiece(pieces[i], len(head), len(prefix)))
+        prefix += bodies[i]
+    return prefix, placed
+
+
+def test_full_recompute_is_the_cold_prefix_and_shares_grow():
+    model = tiny_model("llama")
+    install_runtime_attention(model)
+    head = random_prompt(5, seed=2)
+    bodies = [random_prompt(20, seed=3 + i) for i in range(3)]
+    prefix, placed = _placed(model, head, bodies, [2, 0, 1])
+    cold = _kv(model, prefix, 0)
+    full = blend_prefix(model, KWARG, prefix, len(head), placed, 1.0)
+    assert _max_diff(full.layers, cold) < 1e-4
+    assert len(full.recomputed) == len(prefix) - len(head)
+    plain = blend_prefix(model, KWARG, prefix, len(head), placed, 0.0)
+    assert plain.recomputed == [5, 26, 47]  # the labels only
+    some = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25)
+    assert some.selected == 15 and len(some.recomputed) == 18
+    # the selection pass stops after layer 1 has written its cache: that KV is the cold one
+    fresh = _fresh_select_layer(model, KWARG, prefix, _kv(model, head, 0), len(head))
+    assert (
+        _max_diff([fresh], [(k[:, :, len(head) :], v[:, :, len(head) :]) for k, v in cold[1:2]])
+        < 1e-4
+    )
+    errors = [_max_diff(r.layers, cold) for r in (plain, some, full)]
+    assert errors[0] > errors[2]
+
+
+# -- the tier, on a tiny model through the engine -------------------------------------
+
+
+def _words(seed: int, n: int = 30) -> str:
+    rng = random.Random(seed)
+    return " ".join(f"t{rng.randint(2, 95)}" for _ in range(n))
+
+
+DOCS = [Document(id=f"d{i}", title=f"t{10 + i}", text=_words(i)) for i in range(4)]
+OPTS = AnswerOptions(
+    press=SnapKVPress(budget=48, window=8), generation=GenerationConfig(max_new_tokens=8)
+)
+
+
+def _engine_loaded(arch: str) -> LoadedModel:
+    return LoadedModel(
+        model=tiny_model(arch),
+        tokenizer=tiny_tokenizer(),
+        model_id=f"tiny-{arch}",
+        revision="random",
+        device=torch.device("cpu"),
+    )
+
+
+def _engine(tmp_path, arch: str = "llama", share: float = 0.15, **kwargs) -> RagSnapEngine:
+    loaded = _engine_loaded(arch)
+    store = open_store(f"file://{tmp_path}")
+    kwargs.setdefault("document_cache", True)  # opt-in
+    return RagSnapEngine(loaded, store=store, recompute_share=share, **kwargs)
+
+
+def _doc_files(tmp_path, namespace: str = "default") -> list:
+    return sorted((tmp_path / namespace).glob(f"{KIND_DOCUMENT}-*"))
+
+
+def test_entries_are_shared_across_questions_and_orders(tmp_path):
+    eng = _engine(tmp_path)
+    first = eng.answer("t5 t6 t7", DOCS[:3], OPTS).stats
+    assert (first.cache, first.cache_tier, first.reused_documents) == ("miss", "cold", 0)
+    assert len(_doc_files(tmp_path)) == 3  # one piece per document, stored after the answer
+    again = eng.answer("t8 t9", [DOCS[2], DOCS[0], DOCS[1]], OPTS).stats
+    assert (again.cache, again.cache_tier, again.reused_documents) == (
+        "document-hit",
+        "documents",
+        3,
+    )
+    assert 3 <= again.recomputed_tokens < again.prompt_tokens // 2
+    assert again.prefill_tokens < first.prefill_tokens
+    # a new combination: two pieces reused, the third computed alone on the spot and stored
+    mixed = eng.answer("t8 t9", [DOCS[3], DOCS[1], DOCS[0]], OPTS).stats
+    assert (mixed.cache_tier, mixed.reused_documents) == ("documents", 2)
+    assert len(_doc_files(tmp_path)) == 4
+    exact = eng.answer("t8 t9", [DOCS[2], DOCS[0], DOCS[1]], OPTS).stats
+    assert (exact.cache, exact.cache_tier) == ("hit", "exact")  # exact hit first
+
+
+def test_full_share_answers_as_the_cold_run(tmp_path):
+    eng = _engine(tmp_path, share=1.0)
+    eng.answer("t5 t6 t7", DOCS[:3], OPTS)
+    order = [DOCS[1], DOCS[2], DOCS[0]]
+    reused = eng.answer("t8 t9", order, OPTS)
+    assert reused.stats.cache_tier == "documents"
+    cold = RagSnapEngine(eng.loaded).answer("t8 t9", order, OPTS)
+    assert cold.stats.cache_tier == "off"
+    assert reused.answer == cold.answer and reused.stats.new_tokens == cold.stats.new_tokens
+
+
+def test_damaged_and_stale_pieces_are_misses(tmp_path):
+    eng = _engine(tmp_path)
+    eng.answer("t5 t6 t7", DOCS[:3], OPTS)
+    files = _doc_files(tmp_path)
+    raw = bytearray(files[0].read_bytes())
+    raw[-5] ^= 0xFF  # damaged: the checksum fails
+    files[0].write_bytes(bytes(raw))
+    digest = files[1].name.removeprefix(f"{KIND_DOCUMENT}-").removesuffix(".kv")
+    key = EntryKey("default", KIND_DOCUMENT, digest)
+    payload = eng.store.get(key)
+    eng.store.put(key, payload.replace(b'"format_version":"1"', b'"format_version":"0"'))  # stale
+    stats = eng.answer("t8 t9", [DOCS[2], DOCS[1], DOCS[0]], OPTS).stats
+    # one piece of three left: below MIN_REUSED_SHARE, so a cold prefill
+    assert (stats.cache, stats.cache_tier, stats.reused_documents) == ("miss", "cold", 0)
+    assert eng.store.rejections.get("stale") == 1 and sum(eng.store.rejections.values()) == 2
+    assert len(_doc_files(tmp_path)) == 3  # both recomputed and stored again
+    stats = eng.answer("t8", [DOCS[1], DOCS[0], DOCS[2]], OPTS).stats
+    assert (stats.cache_tier, stats.reused_documents) == ("documents", 3)
+    for f in _doc_files(tmp_path):
+        f.write_bytes(b"garbage")
+    cold = eng.answer("t9", [DOCS[0], DOCS[2], DOCS[1]], OPTS).stats
+    assert (cold.cache, cold.cache_tier, cold.reused_documents) == ("miss", "cold", 0)
+
+
+def test_namespaces_never_share_pieces(tmp_path):
+    eng = _engine(tmp_path)
+    list(eng.stream("t5 t6 t7", DOCS[:3], OPTS, namespace="alice"))
+    done = list(eng.stream("t8 t9", DOCS[:3][::-1], OPTS, namespace="bob"))[-1]
+    assert (done.stats.cache_tier, done.stats.reused_documents) == ("cold", 0)
+    done = list(eng.stream("t8 t9", DOCS[:3][::-1], OPTS, namespace="alice"))[-1]
+    assert (done.stats.cache_tier, done.stats.reused_documents) == ("documents", 3)
+
+
+def test_sliding_window_models_fall_back_and_say_so(tmp_path):
+    eng = _engine(tmp_path, arch="gemma3")
+    eng.answer("t5", DOCS[:2], OPTS)
+    stats = eng.answer("t6", DOCS[:2][::-1], OPTS).stats
+    assert (stats.cache, stats.cache_tier) == ("miss", "cold")
+    assert "sliding" in (stats.reuse_note or "")
+    assert not _doc_files(tmp_path)
+
+
+def test_tier_can_be_switched_off(tmp_path):
+    eng = _engine(tmp_path, document_cache=False)
+    eng.answer("t5", DOCS[:2], OPTS)
+    assert eng.answer("t6", DOCS[:2][::-1], OPTS).stats.cache_tier == "cold"
+    assert not _doc_files(tmp_path)
+
+
+def test_metrics_count_tiers():
+    from ragsnap.api.metrics import ServiceMetrics
+    from ragsnap.stats import AnswerStats
+
+    metrics = ServiceMetrics()
+    fields = {
+        f: 0 for f in AnswerStats.__dataclass_fields__ if f not in {"model", "device", "press"}
+    }
+    fields.update(press_config={}, kept_tokens_per_layer=[], budget=None, citations_mode="markers")
+    stats = AnswerStats(model="m", device="cpu", press="snapkv", **fields)
+    stats.cache, stats.cache_tier, stats.reused_documents, stats.recomputed_tokens = (
+        "document-hit",
+        "documents",
+        7,
+        120,
+    )
+    stats.decode_ms_per_token = None
+    metrics.observe_answer(stats)
+    text = metrics.render().decode()
+    assert 'ragsnap_cache_tier_total{tier="documents"} 1.0' in text
+    assert "ragsnap_reused_documents_total 7.0" in text
+    assert "ragsnap_recomputed_tokens_total 120.0" in text
+
+
+# -- the embedded model ---------------------------------------------------------------
+
+
+@pytest.mark.model
+def test_reencoding_is_exact_on_the_embedded_model(engine):
+    ids = engine.tokenizer("Tides are caused mainly by the gravity of the Moon.")["input_ids"]
+    _assert_reencoding_exact(engine.model, list(ids), offset=300)
+
+
+@pytest.mark.model
+def test_full_share_is_the_cold_answer_on_the_embedded_model(engine, tmp_path):
+    docs = [
+        Document(
+            id="tides", title="Tides", text="Tides are caused mainly by the gravity of the Moon."
+        ),
+        Document(
+            id="bees",
+            title="Honeybees",
+            text="Honeybees dance in the hive to show where flowers are.",
+        ),
+        Document(
+            id="salt", title="Salt", text="The Dead Sea is so salty that people float on it easily."
+        ),
+    ]
+    opts = AnswerOptions(
+        press=SnapKVPress(budget=64, window=8), generation=GenerationConfig(max_new_tokens=12)
+    )
+    eng = RagSnapEngine(
+        engine.loaded,
+        store=open_store(f"file://{tmp_path}"),
+        document_cache=True,
+        recompute_share=1.0,
+    )
+    eng.answer("What causes tides?", docs, opts)
+    order = [docs[2], docs[0], docs[1]]
+    reused = eng.answer("Why do people float in the Dead Sea?", order, opts)
+    assert (reused.stats.cache_tier, reused.stats.reused_documents) == ("documents", 3)
+    cold = engine.answer("Why do people float in the Dead Sea?", order, opts)
+    assert reused.answer == cold.answer
+
+
+def test_pieces_in_redis_carry_the_store_ttl_and_are_reused(redis_server):
+    from ragsnap.cache.redis_store import RedisKVStore
+
+    store = RedisKVStore.from_url(redis_server.url + "?ttl=120")
+    loaded = _engine_loaded("llama")
+    eng = RagSnapEngine(loaded, store=store, document_cache=True)
+    namespace = f"reuse-{random.randrange(10**9)}"
+    list(eng.stream("t5 t6 t7", DOCS[:3], OPTS, namespace=namespace))
+    manifests = store.client.keys(f"ragsnap:v1:{namespace}:{KIND_DOCUMENT}:*:manifest")
+    assert len(manifests) == 3
+    assert all(0 < store.client.ttl(k) <= 120 for k in manifests)
+    done = list(eng.stream("t8", DOCS[:3][::-1], OPTS, namespace=namespace))[-1]
+    assert (done.stats.cache_tier, done.stats.reused_documents) == ("documents", 3)
+    assert done.stats.cache_bytes_read > 0
