@@ -202,8 +202,8 @@ def load_model(
             converted_weights.save_converted(*loaded, gguf, converted)
     model, tokenizer = loaded
     model.to(device=target, dtype=torch_dtype).eval()
-    if target.type == "cpu":
-        column_major_linears(model)
+    if target.type == "cpu" and torch_dtype == torch.float32:
+        column_major_linears(model)  # bfloat16 GEMMs (oneDNN) do no better with it
     commit = getattr(model.config, "_commit_hash", None)
     logger.info("loaded %s on %s (%s, %s)", model_id, target, attn, torch_dtype)
     return LoadedModel(
