@@ -1,7 +1,8 @@
 """Continuous batching: many requests decoding together on one engine, in one thread.
 
 Each step admits work up to a token budget: one decode token for every running request,
-plus a chunk of one waiting prompt's prefill (``step_tokens`` minus the running rows). The
+plus a chunk of one waiting prompt's prefill (``step_tokens`` minus the running rows, or
+``IDLE_CHUNK`` when none is running). The
 prefill runs through the engine's cache tiers (a hit skips straight to decode), and
 between its chunks the running rows take their next decode step, so streams keep flowing
 while a new prompt prefills. A request that finishes or is cancelled leaves at the next
@@ -25,6 +26,10 @@ from ragsnap.events import AnswerEvent, TokenEvent
 from ragsnap.runtime.decode import DecodeRow
 
 logger = logging.getLogger(__name__)
+
+
+# prefill chunk while no row decodes: no stream's token gap to protect
+IDLE_CHUNK = 1024
 
 
 class Cancelled(Exception):
@@ -72,12 +77,19 @@ class StepStats:
 class Scheduler:
     """Runs requests on ``engine`` with continuous batching (see the module docstring)."""
 
-    def __init__(self, engine: RagSnapEngine, max_batch: int = 8, step_tokens: int = 128) -> None:
-        if max_batch < 1 or step_tokens < 1:
-            raise ValueError("max_batch and step_tokens must be at least 1")
+    def __init__(
+        self,
+        engine: RagSnapEngine,
+        max_batch: int = 8,
+        step_tokens: int = 128,
+        idle_chunk: int = IDLE_CHUNK,
+    ) -> None:
+        if max_batch < 1 or step_tokens < 1 or idle_chunk < 1:
+            raise ValueError("max_batch, step_tokens and idle_chunk must be at least 1")
         self.engine = engine
         self.max_batch = max_batch
         self.step_tokens = step_tokens
+        self.idle_chunk = idle_chunk
         self.batch = engine.runtime.decode_batch()
         self.stats = StepStats()
         self._waiting: deque[Request] = deque()
@@ -152,8 +164,14 @@ class Scheduler:
         """Prefill ``request`` (decoding the running rows between its chunks) and add its row."""
         request.started()
         self.prefilling = request
-        # the per-step token budget: one token per running row, the rest for the prefill chunk
-        self.engine.runtime.chunk = max(32, self.step_tokens - len(self._running))
+        # the per-step token budget: one token per running row, the rest for the prefill chunk;
+        # with no stream waiting on it, larger chunks (still cancellable between them)
+        running = len(self._running)
+        self.engine.runtime.chunk = (
+            max(32, self.step_tokens - running)
+            if running
+            else max(self.idle_chunk, self.step_tokens)
+        )
 
         def between_chunks() -> None:
             if request.is_cancelled():

@@ -83,7 +83,8 @@ def engine_tiny():
 
 
 def run(engine, requests, max_batch=8, step_tokens=48):
-    scheduler = Scheduler(engine, max_batch=max_batch, step_tokens=step_tokens)
+    # idle_chunk: the tiny prompts prefill in several chunks even with nothing decoding
+    scheduler = Scheduler(engine, max_batch=max_batch, step_tokens=step_tokens, idle_chunk=32)
     scheduler.start()
     for r in requests:
         scheduler.submit(r)
@@ -177,3 +178,25 @@ def test_service_under_concurrent_streaming_clients_answers_or_refuses(engine) -
     steps = float(re.search(r"^ragsnap_decode_batch_size_count (\S+)$", metrics, re.M).group(1))
     rows = float(re.search(r"^ragsnap_decode_batch_size_sum (\S+)$", metrics, re.M).group(1))
     assert rows > steps  # requests really decoded together
+
+
+def test_prefill_chunks_are_large_only_while_no_stream_waits(engine_tiny, monkeypatch) -> None:
+    chunks: list[tuple[int, int | None]] = []
+    scheduler = Scheduler(engine_tiny, max_batch=8, step_tokens=48, idle_chunk=512)
+    real = engine_tiny.runtime.prefill
+
+    def recording(*args, **kwargs):
+        chunks.append((len(scheduler._running), engine_tiny.runtime.chunk))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_tiny.runtime, "prefill", recording)
+    scheduler.start()
+    requests = requests_for_tiny_engine()
+    for r in requests:
+        scheduler.submit(r)
+    for r in requests:
+        assert r.closed.wait(60)
+    scheduler.stop()
+    assert chunks[0] == (0, 512)  # the first prompt: nobody decoding yet
+    assert all(chunk == 48 - running for running, chunk in chunks if running)
+    assert any(running for running, _ in chunks)
