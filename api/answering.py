@@ -120,6 +120,24 @@ def check_tokens(
         )
 
 
+def corpus_top_k(services: Services, settings: Settings, top_k: int | None) -> int:
+    """How many passages to take from the server's corpus; 422 without a corpus or past
+    the server's limit."""
+    if services.index is None:
+        raise ApiError(
+            422,
+            "query: this server has no corpus (set RAGSNAP_CORPUS_DIR)",
+            param="query",
+            code="no_corpus",
+        )
+    top_k = top_k if top_k is not None else settings.default_top_k
+    if top_k > settings.max_top_k:
+        raise ApiError(
+            422, f"top_k: at most {settings.max_top_k}", param="top_k", code="invalid_value"
+        )
+    return top_k
+
+
 def resolve_documents(
     fields: RetrievalFields, services: Services, settings: Settings
 ) -> list[Document]:
@@ -141,18 +159,8 @@ def resolve_documents(
             param="documents",
             code="missing_field",
         )
-    if services.index is None:
-        raise ApiError(
-            422,
-            "query: this server has no corpus (set RAGSNAP_CORPUS_DIR)",
-            param="query",
-            code="no_corpus",
-        )
-    top_k = fields.top_k if fields.top_k is not None else settings.default_top_k
-    if top_k > settings.max_top_k:
-        raise ApiError(
-            422, f"top_k: at most {settings.max_top_k}", param="top_k", code="invalid_value"
-        )
+    top_k = corpus_top_k(services, settings, fields.top_k)
+    assert services.index is not None
     found = services.index.retrieve(fields.query, top_k)
     if not found:
         raise ApiError(
