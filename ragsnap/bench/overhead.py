@@ -14,8 +14,10 @@ answer from cache hits (no prefill in the timings). Reported, in milliseconds:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import sys
 import statistics
 import tempfile
 import time
@@ -101,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
                     urls, {**one, "max_new_tokens": args.tokens, "stream": True}, args.rounds
                 )
         finally:
-            serve.shutdown()
-            ray.shutdown()
+            # Ray reports the shutdown of its actors on stdout: keep the JSON alone there
+            with contextlib.redirect_stdout(sys.stderr):
+                serve.shutdown()
+                ray.shutdown()
     print(json.dumps(summarize(args, whole, short, long), indent=2))
     return 0
 
