@@ -17,8 +17,8 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any
