@@ -28,7 +28,7 @@ from ragsnap.runtime.prefill import forward_chunk
 from ragsnap.runtime.reencode import reencode_support, shift_layers
 from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_model, tiny_tokenizer
 
-KWARG = "past_key_values"
+KWARG = "cache"  # transformers 5.24 renamed past_key_values
 
 
 def _kv(model, ids: list[int], start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
