@@ -183,7 +183,9 @@ def test_corpus_search_and_upload_add_documents_and_the_key_is_asked_for(page):
     # an uploaded file becomes a document titled by its name
     upload = {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"Uploaded: the tides."}
     page.set_input_files("#upload", files=[upload])
-    page.wait_for_function("document.querySelectorAll('.document').length === 3")
+    # a locator wait: wait_for_function polls with eval, which the page's CSP refuses
+    page.locator(".document").nth(2).wait_for()
+    assert page.locator(".document").count() == 3
     uploaded = page.locator(".document").last
     assert uploaded.locator(".doc-title").input_value() == "notes.txt"
     assert uploaded.locator(".doc-text").input_value() == "Uploaded: the tides."
