@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -27,20 +28,30 @@ def test_serve_ray_starts_a_local_head_and_stops_it(tmp_path):
     command += ["--replica-cpus", "0.5", "--model", model, "--device", "cpu"]
     command += ["--cache", "none", "--port", str(port)]
     server = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(server.stderr), daemon=True)
+    reader.start()
+    banner = "replica(s) on a local Ray head"
     try:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, {})
         body = {"question": "t5?", "documents": DOCS, "max_new_tokens": 2, "compression": FAST}
         reply = httpx.post(f"{url}/v1/answer", json=body, timeout=60)
         assert reply.status_code == 200 and reply.json()["stats"]["replica"]
+        # the proxy can answer before `serve.run` returns: stop only once the command says so
+        deadline = time.monotonic() + 60
+        while not any(banner in line for line in lines):
+            assert time.monotonic() < deadline, "no start-up line"
+            time.sleep(0.1)
     finally:
         server.send_signal(signal.SIGINT)
         try:
-            _, err = server.communicate(timeout=60)
+            server.wait(timeout=60)
         finally:
             server.kill()
+    reader.join(10)
+    err = "".join(lines)
     assert server.returncode == 0, err[-2000:]
-    assert "replica(s) on a local Ray head" in err
     deadline = time.monotonic() + 10
     while True:  # the port is free again: Serve's proxy went with the head
         try:
