@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from ragsnap.cache.cached_prefill import CachedPrefill, CacheReport
+from ragsnap.cache.cached_prefill import CachedPrefill
 from ragsnap.cache.document_tier import DEFAULT_RECOMPUTE_SHARE
+from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import parse_dtype
 from ragsnap.cache.store import KVStore
 from ragsnap.citations import Citation, document_keep_shares, extract_citations

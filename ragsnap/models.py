@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ragsnap import converted_weights
+import ragsnap.converted_weights as converted_weights
 from ragsnap.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)

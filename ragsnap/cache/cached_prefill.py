@@ -21,13 +21,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ragsnap.cache import keys
 from ragsnap.cache.document_tier import DEFAULT_RECOMPUTE_SHARE, DocumentRunner, DocumentTier
+from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import (
     StaleEntry,
     deserialize_prefill,
@@ -48,22 +48,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FLIGHT_WAIT_S = 600.0
-
-
-@dataclass
-class CacheReport:
-    """What the cache did for one answer; ``status`` is off|miss|hit|prefix-hit|document-hit|
-    unavailable. ``tier`` names what served the prefill (exact|prefix|documents|cold|off)."""
-
-    status: str = "off"
-    tier: str = "off"
-    reused_documents: int = 0  # document pieces loaded from the per-document tier
-    recomputed_tokens: int = 0  # prompt tokens of an assembled prefix run with full context
-    reuse_note: str | None = None  # why the per-document tier was not used, when it was not
-    bytes_read: int = 0
-    bytes_written: int = 0
-    load_s: float = 0.0
-    pending: list[tuple[EntryKey, Callable[[], bytes]]] = field(default_factory=list, repr=False)
 
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]

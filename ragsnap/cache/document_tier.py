@@ -19,18 +19,19 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ragsnap.cache import keys
+from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import KIND_DOCUMENT, deserialize_prefix, serialize_prefix
 from ragsnap.cache.store import EntryKey
 from ragsnap.prompt import encode_user_text
 from ragsnap.runtime.blend import BlendResult, PlacedPiece
 
 if TYPE_CHECKING:
-    from ragsnap.cache.cached_prefill import CachedPrefill, CacheReport
+    from ragsnap.models import LoadedModel
     from ragsnap.prompt import PromptLayout
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,19 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # computed alone on the spot); below it a cold prefill is cheaper than pieces + recompute
 MIN_REUSED_SHARE = 0.5
 DEFAULT_RECOMPUTE_SHARE = 0.15  # CacheBlend's operating point (about 15% of tokens)
+
+
+class TierOwner(Protocol):
+    """What the per-document tier uses of the tiers around it (:class:`CachedPrefill`)."""
+
+    loaded: LoadedModel
+    runner: Any
+    storage_dtype: torch.dtype | None
+
+    def _get(self, key: EntryKey, report: CacheReport) -> bytes | None: ...
+    def _drop(self, key: EntryKey, reason: Exception) -> None: ...
+    def _model_identity(self) -> dict[str, str]: ...
+    def _storage_label(self) -> str | None: ...
 
 
 class DocumentRunner(Protocol):
@@ -79,7 +93,7 @@ class Assembled:
 class DocumentTier:
     """Per-document pieces of ``owner``'s store (its get/put/drop never raise)."""
 
-    def __init__(self, owner: CachedPrefill, runner: DocumentRunner, share: float) -> None:
+    def __init__(self, owner: TierOwner, runner: DocumentRunner, share: float) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"the recompute share must be in [0, 1], got {share}")
         self.owner, self.runner, self.share = owner, runner, share
