@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.api_helpers import DOCS, FAST, parse_sse, running_server
 
 
+@pytest.mark.model
 def test_a_stream_carries_pings_that_clients_skip(engine, monkeypatch):
     from ragsnap.api import streaming
     from ragsnap.api.app import create_app
