@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 import ragsnap.converted_weights as converted_weights
+import ragsnap.cpu_linears as cpu_linears
 from ragsnap.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -44,20 +45,6 @@ class LoadedModel:
     @property
     def context_length(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 8192))
-
-
-def column_major_linears(model: torch.nn.Module) -> None:
-    """Store every linear weight (``[out, in]``) column-major, in place; values unchanged.
-
-    On CPU, ``x @ W.T`` with a row-major ``W`` is slow for a few rows at a time (the batched
-    decode step): 8 rows cost 3x one row on the embedded model's shapes, against 1.3x with
-    the transposed layout, which also does no worse for long prefill chunks. Tied weights
-    (an LM head sharing the embedding) change layout once, for both.
-    """
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module.weight.is_contiguous():
-                module.weight.data = module.weight.data.t().contiguous().t()
 
 
 def _from_pretrained(source: str, gguf_file: str | None, kwargs: dict[str, Any]) -> tuple[Any, Any]:
@@ -203,7 +190,9 @@ def load_model(
     model, tokenizer = loaded
     model.to(device=target, dtype=torch_dtype).eval()
     if target.type == "cpu" and torch_dtype == torch.float32:
-        column_major_linears(model)  # bfloat16 GEMMs (oneDNN) do no better with it
+        cpu_linears.column_major_linears(model)
+    elif target.type == "cpu" and torch_dtype == torch.bfloat16:
+        cpu_linears.pack_linears(model)
     commit = getattr(model.config, "_commit_hash", None)
     logger.info("loaded %s on %s (%s, %s)", model_id, target, attn, torch_dtype)
     return LoadedModel(

@@ -41,6 +41,7 @@ def test_every_model_command_takes_dtype(monkeypatch):
 def test_a_bfloat16_engine_answers_and_keeps_its_own_entries(engine, tmp_path):
     from ragsnap.cache import open_store
     from ragsnap.compression import make_press
+    from ragsnap.cpu_linears import can_pack
     from ragsnap.documents import Document
     from ragsnap.engine import AnswerOptions, RagSnapEngine
     from ragsnap.generation import GenerationConfig
@@ -48,6 +49,8 @@ def test_a_bfloat16_engine_answers_and_keeps_its_own_entries(engine, tmp_path):
     store = open_store(f"file://{tmp_path}")
     half = RagSnapEngine.load("embedded", device="cpu", dtype="bfloat16", store=store)
     assert next(half.model.parameters()).dtype == torch.bfloat16
+    if can_pack():  # its CPU linears are oneDNN-packed, none left dense
+        assert not any(type(m) is torch.nn.Linear for m in half.model.modules())
     docs = [Document(id="t", title="Tides", text="Tides are caused mostly by the Moon's gravity.")]
     options = AnswerOptions(
         press=make_press("snapkv", budget=48, window=8),
