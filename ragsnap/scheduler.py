@@ -8,6 +8,9 @@ between its chunks the running rows take their next decode step, so streams keep
 while a new prompt prefills. A request that finishes or is cancelled leaves at the next
 step; a new one joins at the next step. ``max_batch=1`` is the serial behaviour: one
 request at a time, start to finish.
+
+What follows an answer's last token (attribution of its citations, its stats, storing the
+document-prefix entry) runs on a second thread, so the other rows do not wait for it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -98,12 +102,14 @@ class Scheduler:
         self._changed = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._finisher: ThreadPoolExecutor | None = None
         self.prefilling: Request | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
         self._stopping = False
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragsnap-finish")
         self._thread = threading.Thread(target=self._run, name="ragsnap-scheduler", daemon=True)
         self._thread.start()
 
@@ -116,6 +122,9 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        if self._finisher is not None:  # answers already decoded still get their last events
+            self._finisher.shutdown(wait=True)
+            self._finisher = None
         return waiting
 
     @property
@@ -248,6 +257,18 @@ class Scheduler:
         try:
             if rest := running.text.flush():
                 request.emit(TokenEvent(text=rest))
+        except Exception as exc:
+            request.fail(exc)
+            return
+        if self._finisher is None:  # driven without start(): finish in this thread
+            self._finish(running)
+        else:
+            self._finisher.submit(self._finish, running)
+
+    def _finish(self, running: _Running) -> None:
+        """The citations and final events of a decoded answer, then the request's close."""
+        request = running.request
+        try:
             citations, done = self.engine.finish(running.prepared, running.row, running.ttft_s)
             request.emit(citations)
             request.emit(done)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -200,3 +201,31 @@ def test_prefill_chunks_are_large_only_while_no_stream_waits(engine_tiny, monkey
     assert chunks[0] == (0, 512)  # the first prompt: nobody decoding yet
     assert all(chunk == 48 - running for running, chunk in chunks if running)
     assert any(running for running, _ in chunks)
+
+
+def test_an_answer_being_finished_does_not_hold_up_the_other_rows(engine_tiny, monkeypatch) -> None:
+    short, long = requests_for_tiny_engine()[0], requests_for_tiny_engine()[3]
+    release = threading.Event()
+    real = engine_tiny.finish
+
+    def finish(prepared, row, ttft_s):
+        if prepared.question == short.question:  # the short answer's attribution "takes long"
+            assert release.wait(60)
+        return real(prepared, row, ttft_s)
+
+    monkeypatch.setattr(engine_tiny, "finish", finish)
+    scheduler = Scheduler(engine_tiny, max_batch=8, step_tokens=48, idle_chunk=32)
+    scheduler.start()
+    scheduler.submit(short)
+    scheduler.submit(long)
+    # the long row decodes to its last token while the short one's finish is still blocked
+    deadline = time.monotonic() + 60
+    while scheduler.running or not any(isinstance(e, TokenEvent) for e in long.events):
+        assert time.monotonic() < deadline, "the long row stopped decoding"
+        time.sleep(0.01)
+    assert not short.closed.is_set() and not any(isinstance(e, DoneEvent) for e in short.events)
+    release.set()
+    for r in (short, long):
+        assert r.closed.wait(60) and r.outcome == "ok"
+        assert isinstance(r.events[-1], DoneEvent)
+    scheduler.stop()
