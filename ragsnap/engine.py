@@ -22,7 +22,12 @@ from ragsnap.citations.attribution import (
     default_attention_layers,
     gather_evidence,
 )
-from ragsnap.citations.markers import MarkerConstraint, insert_markers, vocabulary_texts
+from ragsnap.citations.markers import (
+    MarkerConstraint,
+    insert_markers,
+    marker_candidates,
+    vocabulary_texts,
+)
 from ragsnap.citations.options import CitationOptions
 from ragsnap.citations.quotes import document_sentences
 from ragsnap.compression import Press, make_press
@@ -130,6 +135,7 @@ class RagSnapEngine:
         self.store = store
         self.tiers: CachedPrefill | None = None
         self._vocab_texts: list[str] | None = None
+        self._marker_candidates: list[int] = []
         if store is not None and store.enabled:
             dtype = parse_dtype(storage_dtype) if isinstance(storage_dtype, str) else storage_dtype
             self.tiers = CachedPrefill(
@@ -227,7 +233,9 @@ class RagSnapEngine:
             return None
         if self._vocab_texts is None:
             self._vocab_texts = vocabulary_texts(self.tokenizer)
-        return MarkerConstraint(self._vocab_texts, len(prepared.layout.documents))
+            self._marker_candidates = marker_candidates(self._vocab_texts)
+        count = len(prepared.layout.documents)
+        return MarkerConstraint(self._vocab_texts, count, self._marker_candidates)
 
     def cite(
         self, prepared: PreparedAnswer, tokens: list[int], question: str
