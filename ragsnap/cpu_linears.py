@@ -9,7 +9,8 @@ that badly for small row counts:
 - bfloat16: ``torch.nn.functional.linear`` streams about half the bytes per second oneDNN
   reaches with a weight reordered ahead of time into its own blocked layout
   (``mkldnn._reorder_linear_weight``): one decode step's GEMMs take 0.65x the time at 1 to 8
-  rows and no longer at 1024-row prefill chunks (``ragsnap bench batch`` measures it).
+  rows and no longer at 1024-row prefill chunks (``ragsnap bench batch --compare-linears``
+  measures it).
 """
 
 from __future__ import annotations
@@ -90,3 +91,22 @@ def pack_linears(model: torch.nn.Module) -> int:
             continue
         packed += 1
     return packed
+
+
+def unpack_linears(model: torch.nn.Module) -> int:
+    """Turn every ``PackedLinear`` of ``model`` back into a dense ``nn.Linear``, in place
+    (same values); returns how many. Benchmarks compare the two layouts with it."""
+    targets = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, PackedLinear)
+    ]
+    for parent, name, child in targets:
+        dense = torch.nn.Linear(
+            child.in_features, child.out_features, bias=child.bias is not None, device="meta"
+        )
+        dense.weight = torch.nn.Parameter(child.packed.to_dense(), requires_grad=False)
+        dense.bias = child.bias
+        setattr(parent, name, dense)
+    return len(targets)

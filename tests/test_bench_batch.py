@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ragsnap.cli import main
 
 
@@ -40,3 +42,33 @@ def test_bench_load_compares_the_serial_and_the_batched_worker(tiny, capsys) -> 
         assert run["answered"] == 3 and run["zero_5xx"]
         assert run["cache"] == {"hit": 3}  # --warm: the timed run finds every prompt stored
     assert report["ratio_to_first"]["1"]["answers_per_s"] == 1.0
+
+
+def test_bench_batch_compares_packed_and_dense_linears(monkeypatch, capsys) -> None:
+    import torch
+
+    from ragsnap.cpu_linears import PackedLinear, can_pack, pack_linears
+    from ragsnap.engine import RagSnapEngine
+    from tests.tiny_models import tiny_engine
+
+    if not can_pack():
+        pytest.skip("this torch build has no oneDNN packing")
+    engine = tiny_engine("llama")
+    engine.runtime.model.to(torch.bfloat16)
+    linears = pack_linears(engine.runtime.model)
+    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+    args = ["bench", "batch", "--concurrency", "1,2", "--context", "120", "--budget", "48"]
+    assert main([*args, "--decode-tokens", "2", "--repeats", "1", "--compare-linears"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["concurrency"] for r in report["linears"]] == [1, 2]
+    assert all(
+        r["packed_ms_per_step"] > 0 and r["dense_ms_per_step"] > 0 for r in report["linears"]
+    )
+    # the model is left as it was loaded: every linear packed again
+    assert sum(isinstance(m, PackedLinear) for m in engine.runtime.model.modules()) == linears
+
+
+def test_bench_batch_compare_linears_needs_packed_linears(tiny, capsys) -> None:
+    args = ["bench", "batch", "--concurrency", "1", "--context", "120", "--budget", "48"]
+    assert main([*args, "--decode-tokens", "2", "--repeats", "1", "--compare-linears"]) == 2
+    assert "--compare-linears" in capsys.readouterr().err

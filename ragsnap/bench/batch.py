@@ -11,6 +11,10 @@ largest concurrency's compressed rows decoding, a new ``--context`` prompt prefi
 chunks of each size with a decode step between chunks (as the scheduler does); reported
 are the p50/p95 gaps between tokens during that prefill against the gaps with nothing
 prefilling, and the prefill's wall time (the new request's first token, steps included).
+
+``--compare-linears`` (bfloat16 on CPU) also times the compressed rows' decode steps with
+the oneDNN-packed linears the model loads with and with plain dense ones, alternating
+between the two layouts on the same rows.
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--gap-chunks", default="", help="prefill chunk sizes to measure gaps at")
+    parser.add_argument(
+        "--compare-linears",
+        action="store_true",
+        help="also time decode with oneDNN-packed vs dense bfloat16 linears (CPU)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -102,6 +111,46 @@ def token_gaps(
         )
     engine.runtime.chunk = None
     return out
+
+
+def compare_linears(
+    engine: Any, prefills: list[Any], levels: list[int], steps: int, repeats: int
+) -> list[dict[str, Any]]:
+    """Per concurrency, ms per decode step with packed and with dense linears (medians)."""
+    from ragsnap.cpu_linears import pack_linears, unpack_linears
+
+    model = engine.runtime.model
+    if unpack_linears(model) == 0:
+        raise ConfigError(
+            "--compare-linears: the model has no oneDNN-packed linears "
+            "(they are used for bfloat16 on CPU: --dtype bfloat16 --device cpu)"
+        )
+    seconds: dict[tuple[str, int], list[float]] = {}
+    try:
+        for _ in range(repeats):
+            for layout in ("packed", "dense"):
+                if layout == "packed":
+                    pack_linears(model)
+                for c in levels:
+                    elapsed, _ = timed_batch(engine, prefills[:c], steps)
+                    seconds.setdefault((layout, c), []).append(elapsed / steps)
+                if layout == "packed":
+                    unpack_linears(model)
+    finally:
+        pack_linears(model)
+    rows = []
+    for c in levels:
+        packed = statistics.median(seconds[("packed", c)])
+        dense = statistics.median(seconds[("dense", c)])
+        rows.append(
+            {
+                "concurrency": c,
+                "packed_ms_per_step": round(1000 * packed, 2),
+                "dense_ms_per_step": round(1000 * dense, 2),
+                "dense_over_packed": round(dense / packed, 2),
+            }
+        )
+    return rows
 
 
 def measure(
@@ -174,7 +223,11 @@ def run(args: argparse.Namespace) -> int:
         fresh = prompt_of_length(engine, args.context, seed=999)
         chunks = [int(c) for c in args.gap_chunks.split(",")]
         report["gaps"] = token_gaps(engine, rows, fresh, press, chunks, args.decode_tokens)
-    if args.json or args.gap_chunks:
+    if args.compare_linears:
+        report["linears"] = compare_linears(
+            engine, compressed, levels, args.decode_tokens, args.repeats
+        )
+    if args.json or args.gap_chunks or args.compare_linears:
         print(json.dumps(report, indent=2))
     else:
         print(
