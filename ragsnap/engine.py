@@ -31,6 +31,7 @@ from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.generation import GenerationConfig
 from ragsnap.kept import DocumentKeptTokens, document_kept_tokens
+from ragsnap.lookup import prompt_focus
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
 from ragsnap.prompt import ChatContext, PromptLayout, assemble_prompt
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
@@ -211,8 +212,9 @@ class RagSnapEngine:
         layout = self.build_prompt(question, documents, options.generation, chat=options.chat)
         if self.tiers is None:
             roles = prompt_roles(self.tokenizer, layout)
+            focus = prompt_focus(self.tokenizer, layout)
             prefill = self.runtime.prefill(
-                layout.input_ids, options.press, on_chunk=on_chunk, roles=roles
+                layout.input_ids, options.press, on_chunk=on_chunk, roles=roles, focus=focus
             )
             report = CacheReport(status="off")
         else:

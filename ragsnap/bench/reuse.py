@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     from ragsnap.engine import RagSnapEngine
     from ragsnap.eval.fidelity import compare, full_reference
     from ragsnap.generation import GenerationConfig
+    from ragsnap.lookup import prompt_focus
     from ragsnap.prompt import assemble_prompt
     from ragsnap.structure import prompt_roles
 
@@ -165,9 +166,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         layout = layout_of(
             question, [pool[i]["doc"] for i in order], entry["needle"]["prefix"] if needle else ""
         )
-        roles = prompt_roles(tokenizer, layout)
+        roles, focus = prompt_roles(tokenizer, layout), prompt_focus(tokenizer, layout)
         started = time.perf_counter()
-        cold = runtime.prefill(layout.input_ids, press, roles=roles)
+        cold = runtime.prefill(layout.input_ids, press, roles=roles, focus=focus)
         cold_s = _since(started)
         cold_tokens = runtime.generate(cold, generation)
         reference = full_reference(runtime, cold, cold_tokens)

@@ -30,6 +30,7 @@ from ragsnap.eval.items import EvalItem, Malformed
 from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_answer
 from ragsnap.eval.store import PredictionStore
 from ragsnap.generation import GenerationConfig
+from ragsnap.lookup import prompt_focus
 from ragsnap.prompt import PromptLayout, encode_user_text_with_offsets, format_document
 from ragsnap.structure import prompt_roles
 
@@ -128,7 +129,10 @@ def evaluate_item(
     )
     length = layout.num_tokens
     roles = prompt_roles(engine.tokenizer, layout)
-    results = engine.runtime.prefill_many(layout.input_ids, [g.instance for g in grid], roles=roles)
+    focus = prompt_focus(engine.tokenizer, layout)
+    results = engine.runtime.prefill_many(
+        layout.input_ids, [g.instance for g in grid], roles=roles, focus=focus
+    )
     stop = answer_stopper(item, engine.tokenizer)
     compressed = [
         i
