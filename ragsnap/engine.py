@@ -27,6 +27,7 @@ from ragsnap.citations.options import CitationOptions
 from ragsnap.citations.quotes import document_sentences
 from ragsnap.compression import Press, make_press
 from ragsnap.compression.decode_snapkv import DecodeSnapKV
+from ragsnap.compression.lookup_focus import uses_focus
 from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.generation import GenerationConfig
@@ -212,7 +213,7 @@ class RagSnapEngine:
         layout = self.build_prompt(question, documents, options.generation, chat=options.chat)
         if self.tiers is None:
             roles = prompt_roles(self.tokenizer, layout)
-            focus = prompt_focus(self.tokenizer, layout)
+            focus = prompt_focus(self.tokenizer, layout) if uses_focus(options.press) else None
             prefill = self.runtime.prefill(
                 layout.input_ids, options.press, on_chunk=on_chunk, roles=roles, focus=focus
             )

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from ragsnap.cache import open_store
-from ragsnap.compression import LookupFocusPress, make_press
+from ragsnap.compression import KeepInstructionPress, LookupFocusPress, make_press
 from ragsnap.compression.base import CompressedLayer, LayerContext
+from ragsnap.compression.lookup_focus import uses_focus
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions, RagSnapEngine
@@ -214,7 +215,8 @@ class _SeesFocus(SnapKVPress):
 
 def test_every_answer_path_hands_the_focus_to_the_press(tmp_path) -> None:
     base = tiny_engine("llama")
-    press = _SeesFocus(budget=24, window=4)
+    sees = _SeesFocus(budget=24, window=4)
+    press = LookupFocusPress(base=sees)
 
     def answer(engine: RagSnapEngine, question: str) -> str:
         options = AnswerOptions(press=press, generation=GenerationConfig(max_new_tokens=2))
@@ -227,10 +229,23 @@ def test_every_answer_path_hands_the_focus_to_the_press(tmp_path) -> None:
     expected = prompt_focus(base.tokenizer, _layout(base))
     other = prompt_focus(base.tokenizer, _layout(base, "t62 t86"))
     assert expected is not None and other is not None and not torch.equal(expected, other)
-    per_layer = len(press.seen) // 3
-    for i, seen in enumerate(press.seen):
+    per_layer = len(sees.seen) // 3
+    for i, seen in enumerate(sees.seen):
         want = expected if i < 2 * per_layer else other
         assert seen is not None and torch.equal(seen, want)
+    # a press that does not use the focus is not given one (nor is it computed)
+    plain = _SeesFocus(budget=24, window=4)
+    options = AnswerOptions(press=plain, generation=GenerationConfig(max_new_tokens=2))
+    base.answer(QUESTION, DOCS, options)
+    assert plain.seen and all(seen is None for seen in plain.seen)
+
+
+def test_uses_focus_finds_the_wrapper_at_any_depth() -> None:
+    assert uses_focus(make_press("ragsnap-lookup", budget=32))
+    wrapped = KeepInstructionPress(base=make_press("ragsnap", budget=32, lookup=True))
+    assert uses_focus(wrapped)
+    assert uses_focus(make_press("snapkv"), make_press("snapkv", lookup=True))
+    assert not uses_focus(make_press("ragsnap", budget=32), make_press("ragsnap-roles"))
 
 
 def test_from_tier_leaves_the_lower_tiers_to_the_base_press() -> None:

@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     from ragsnap.cache import open_store
     from ragsnap.cache.cached_prefill import CachedPrefill
     from ragsnap.compression import make_press
+    from ragsnap.compression.lookup_focus import uses_focus
     from ragsnap.engine import RagSnapEngine
     from ragsnap.eval.fidelity import compare, full_reference
     from ragsnap.generation import GenerationConfig
@@ -166,7 +167,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         layout = layout_of(
             question, [pool[i]["doc"] for i in order], entry["needle"]["prefix"] if needle else ""
         )
-        roles, focus = prompt_roles(tokenizer, layout), prompt_focus(tokenizer, layout)
+        roles = prompt_roles(tokenizer, layout)
+        focus = prompt_focus(tokenizer, layout) if uses_focus(press) else None
         started = time.perf_counter()
         cold = runtime.prefill(layout.input_ids, press, roles=roles, focus=focus)
         cold_s = _since(started)

@@ -37,6 +37,7 @@ from ragsnap.cache.serialization import (
 )
 from ragsnap.cache.store import EntryKey, KVStore, StoreUnavailable
 from ragsnap.compression import Press
+from ragsnap.compression.lookup_focus import uses_focus
 from ragsnap.lookup import prompt_focus
 from ragsnap.models import LoadedModel
 from ragsnap.runtime.kv import cache_nbytes
@@ -262,7 +263,7 @@ class CachedPrefill:
     ) -> PrefillResult:
         start = self.prefix_start(layout, press)
         roles = prompt_roles(self.loaded.tokenizer, layout)
-        focus = prompt_focus(self.loaded.tokenizer, layout)
+        focus = prompt_focus(self.loaded.tokenizer, layout) if uses_focus(press) else None
         report.tier = "cold"
         if start <= 0:
             return self.runner.prefill(

@@ -57,3 +57,15 @@ class LookupFocusPress(Press):
         priority = layer.focus * (layer.focus >= self.from_tier)
         # same memo, so scores computed by other presses on this layer are reused
         return self.base.compress(dataclasses.replace(layer, priority=priority))
+
+
+def uses_focus(*presses: Press) -> bool:
+    """Whether any of ``presses``, or a press they wrap (``.base``), is a
+    :class:`LookupFocusPress`: callers compute the focus only then."""
+    for press in presses:
+        current: Any = press
+        while current is not None:
+            if isinstance(current, LookupFocusPress):
+                return True
+            current = getattr(current, "base", None)
+    return False
