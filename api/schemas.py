@@ -87,6 +87,10 @@ class CompressionIn(BaseModel):
     keep_instruction: bool | None = Field(
         default=None, description="always keep the system instruction's tokens"
     )
+    lookup: bool | None = Field(
+        default=None,
+        description="on structured documents, keep first the record the question names",
+    )
     decode_slack: int | None = Field(
         default=None,
         ge=1,

@@ -32,10 +32,12 @@ from ragsnap.citations.options import CitationOptions
 from ragsnap.citations.quotes import document_sentences
 from ragsnap.compression import Press, make_press
 from ragsnap.compression.decode_snapkv import DecodeSnapKV
+from ragsnap.compression.lookup_focus import uses_focus
 from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.generation import GenerationConfig
 from ragsnap.kept import DocumentKeptTokens, document_kept_tokens
+from ragsnap.lookup import prompt_focus
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
 from ragsnap.prompt import ChatContext, PromptLayout, assemble_prompt
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
@@ -217,8 +219,9 @@ class RagSnapEngine:
         layout = self.build_prompt(question, documents, options.generation, chat=options.chat)
         if self.tiers is None:
             roles = prompt_roles(self.tokenizer, layout)
+            focus = prompt_focus(self.tokenizer, layout) if uses_focus(options.press) else None
             prefill = self.runtime.prefill(
-                layout.input_ids, options.press, on_chunk=on_chunk, roles=roles
+                layout.input_ids, options.press, on_chunk=on_chunk, roles=roles, focus=focus
             )
             report = CacheReport(status="off")
         else:

@@ -35,7 +35,7 @@ _RANK = {role: rank for rank, role in enumerate(_PRIORITY)}
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _LITERAL = re.compile(r"true|false|null")
 _TABLE_SEPARATOR = re.compile(r"^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
-_ATTRIBUTE = re.compile(r"([^\s=/>]+)(\s*=\s*)?(\"[^\"]*\"|'[^']*'|[^\s>]+)?")
+ATTRIBUTE = re.compile(r"([^\s=/>]+)(\s*=\s*)?(\"[^\"]*\"|'[^']*'|[^\s>]+)?")
 
 Roles = list[TokenRole]
 
@@ -100,7 +100,7 @@ def _tag_jsonl(text: str) -> Roles:
 # -- XML / HTML -----------------------------------------------------------------------
 
 
-class _MarkupSpans(HTMLParser):
+class MarkupSpans(HTMLParser):
     """Character spans of every tag, comment, declaration and processing instruction."""
 
     def __init__(self, text: str) -> None:
@@ -145,7 +145,7 @@ class _MarkupSpans(HTMLParser):
 def _tag_markup(text: str, *, xml: bool) -> Roles:
     if xml:
         ET.fromstring(text)  # well-formed XML, or ParseError
-    parser = _MarkupSpans(text)
+    parser = MarkupSpans(text)
     parser.feed(text)
     parser.close()
     if not xml and not set(parser.opened) & set(parser.closed):
@@ -165,7 +165,7 @@ def _tag_markup(text: str, *, xml: bool) -> Roles:
         for p in range(start + name.start(1), start + name.end(1)):
             out[p] = K
         if kind == "start":
-            for attr in _ATTRIBUTE.finditer(raw, name.end(1)):
+            for attr in ATTRIBUTE.finditer(raw, name.end(1)):
                 for p in range(start + attr.start(1), start + attr.end(1)):
                     out[p] = K
                 value = attr.group(3)
@@ -338,6 +338,11 @@ def token_roles(
     return roles
 
 
+def document_text_start(index: int, document: Document) -> int:
+    """Where the document's (stripped) text starts in ``format_document(index, document)``."""
+    return len(f"[{index}] {document.title}".rstrip()) + 1
+
+
 def document_roles(tokenizer: Any, index: int, document: Document) -> list[TokenRole] | None:
     """Roles of the tokens of ``format_document(index, document)``, or None for prose."""
     text = document.text.strip()
@@ -348,7 +353,7 @@ def document_roles(tokenizer: Any, index: int, document: Document) -> list[Token
     enc = tokenizer(
         piece, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
     )
-    text_start = len(f"[{index}] {document.title}".rstrip()) + 1
+    text_start = document_text_start(index, document)
     return token_roles(tagged[1], list(enc["offset_mapping"]), text_start)
 
 

@@ -59,3 +59,13 @@ def test_keep_instruction_is_an_api_and_cli_compression_option() -> None:
     )
     press = make_press("snapkv", **fields)
     assert press.config()["keep_instruction"] is True
+
+
+def test_lookup_is_an_api_compression_option() -> None:
+    from ragsnap.api.schemas import CompressionIn
+
+    fields = CompressionIn(press="ragsnap", budget=64, lookup=True).model_dump(
+        exclude={"press"}, exclude_none=True
+    )
+    press = make_press("ragsnap", **fields)
+    assert press.config()["lookup"] is True and press.config()["press"] == "ragsnap"

@@ -10,7 +10,7 @@ import pytest
 from ragsnap.cli import build_parser, main
 from ragsnap.engine import RagSnapEngine
 
-TUNING = ("--window", "--kernel", "--pooling", "--layer-profile", "--keep-instruction")
+TUNING = ("--window", "--kernel", "--pooling", "--layer-profile", "--keep-instruction", "--lookup")
 
 
 def pubmedqa_file(path, count=3):

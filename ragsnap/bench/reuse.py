@@ -113,9 +113,11 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     from ragsnap.cache import open_store
     from ragsnap.cache.cached_prefill import CachedPrefill
     from ragsnap.compression import make_press
+    from ragsnap.compression.lookup_focus import uses_focus
     from ragsnap.engine import RagSnapEngine
     from ragsnap.eval.fidelity import compare, full_reference
     from ragsnap.generation import GenerationConfig
+    from ragsnap.lookup import prompt_focus
     from ragsnap.prompt import assemble_prompt
     from ragsnap.structure import prompt_roles
 
@@ -166,8 +168,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
             question, [pool[i]["doc"] for i in order], entry["needle"]["prefix"] if needle else ""
         )
         roles = prompt_roles(tokenizer, layout)
+        focus = prompt_focus(tokenizer, layout) if uses_focus(press) else None
         started = time.perf_counter()
-        cold = runtime.prefill(layout.input_ids, press, roles=roles)
+        cold = runtime.prefill(layout.input_ids, press, roles=roles, focus=focus)
         cold_s = _since(started)
         cold_tokens = runtime.generate(cold, generation)
         reference = full_reference(runtime, cold, cold_tokens)

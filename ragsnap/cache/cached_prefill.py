@@ -37,6 +37,8 @@ from ragsnap.cache.serialization import (
 )
 from ragsnap.cache.store import EntryKey, KVStore, StoreUnavailable
 from ragsnap.compression import Press
+from ragsnap.compression.lookup_focus import uses_focus
+from ragsnap.lookup import prompt_focus
 from ragsnap.models import LoadedModel
 from ragsnap.runtime.kv import cache_nbytes
 from ragsnap.runtime.prefill import PrefillResult, window_floor
@@ -65,6 +67,7 @@ class PrefillRunner(DocumentRunner, Protocol):
         start: int = 0,
         on_chunk: Callable[[], None] | None = None,
         roles: torch.Tensor | None = None,
+        focus: torch.Tensor | None = None,
     ) -> PrefillResult: ...
 
     def prefill_full(
@@ -260,9 +263,12 @@ class CachedPrefill:
     ) -> PrefillResult:
         start = self.prefix_start(layout, press)
         roles = prompt_roles(self.loaded.tokenizer, layout)
+        focus = prompt_focus(self.loaded.tokenizer, layout) if uses_focus(press) else None
         report.tier = "cold"
         if start <= 0:
-            return self.runner.prefill(layout.input_ids, press, on_chunk=on_chunk, roles=roles)
+            return self.runner.prefill(
+                layout.input_ids, press, on_chunk=on_chunk, roles=roles, focus=focus
+            )
         prefix_s, prefix_tokens = 0.0, 0  # the document-prefix pass, when this request runs it
         prefix = self._load_prefix(pkey, layout, report) if store and self.prefix_cache else None
         if prefix is not None:
@@ -292,6 +298,7 @@ class CachedPrefill:
             start=start,
             on_chunk=on_chunk,
             roles=roles,
+            focus=focus,
         )
         result.prefill_s += prefix_s  # the figures cover both passes of a miss
         result.processed_tokens += prefix_tokens

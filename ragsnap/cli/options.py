@@ -68,6 +68,12 @@ def add_press_tuning_options(group: argparse._ActionsContainer) -> None:
         help="always keep the system instruction's tokens, whatever the press",
     )
     group.add_argument(
+        "--lookup",
+        action="store_true",
+        help="on structured documents, keep first the record the question names "
+        "(its key, attribute or cell matched against the question's words)",
+    )
+    group.add_argument(
         "--decode-slack",
         type=int,
         help="decode-phase SnapKV: select again once a layer holds this many entries more "
@@ -87,6 +93,7 @@ def press_tuning_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "pooling": args.pooling,
         "profile": args.layer_profile,
         "keep_instruction": getattr(args, "keep_instruction", False) or None,
+        "lookup": getattr(args, "lookup", False) or None,
     }
 
 

@@ -10,7 +10,9 @@ from ragsnap.compression.attention_matching import AttentionMatchingPress
 from ragsnap.compression.base import CompressedLayer, LayerContext, Press, ScorerPress
 from ragsnap.compression.default import (
     attnmatch_press,
+    ragsnap_lookup_press,
     ragsnap_press,
+    ragsnap_roles_lookup_press,
     ragsnap_roles_press,
     wordspan_press,
 )
@@ -20,6 +22,7 @@ from ragsnap.compression.hooks import compression_hooks
 from ragsnap.compression.keep_instruction import KeepInstructionPress
 from ragsnap.compression.knorm import KeyNormPress
 from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
+from ragsnap.compression.lookup_focus import LookupFocusPress
 from ragsnap.compression.pyramidkv import PyramidKVPress
 from ragsnap.compression.random_press import RandomPress
 from ragsnap.compression.role_budget import RoleBudgetPress, roles_press
@@ -49,6 +52,8 @@ PRESSES: dict[str, Callable[..., Press]] = {
     "attnmatch": attnmatch_press,
     "roles": roles_press,
     "ragsnap-roles": ragsnap_roles_press,
+    "ragsnap-lookup": ragsnap_lookup_press,
+    "ragsnap-roles-lookup": ragsnap_roles_lookup_press,
 }
 DEFAULT_PRESS = "ragsnap"
 
@@ -57,9 +62,12 @@ def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
     """Build a press by name; options that are None are left at the press's default.
 
     ``keep_instruction=True`` wraps the press in :class:`KeepInstructionPress` (the system
-    instruction is kept whatever the press). Raises :class:`ConfigError` for an unknown
+    instruction is kept whatever the press); ``lookup=True`` in :class:`LookupFocusPress`
+    (the record a question names on a structured document ranks first). Raises :class:`ConfigError` for an unknown
     press or an option the press does not take.
     """
+    if options.pop("lookup", None):
+        return LookupFocusPress(base=make_press(name, **options))
     if options.pop("keep_instruction", None):
         return KeepInstructionPress(base=make_press(name, **options))
     cls = PRESSES.get(name)
@@ -87,6 +95,7 @@ __all__ = [
     "KeepInstructionPress",
     "KeyNormPress",
     "LayerContext",
+    "LookupFocusPress",
     "Press",
     "RoleBudgetPress",
     "ScorerPress",

@@ -86,6 +86,12 @@ class LayerContext:
     protected: torch.Tensor | None = (
         None  # [L] bool: positions a press must keep (KeepInstructionPress)
     )
+    focus: torch.Tensor | None = (
+        None  # [L] uint8 tiers of the records the question names (ragsnap.lookup)
+    )
+    priority: torch.Tensor | None = (
+        None  # [L] uint8 tiers a press ranks first, higher first (LookupFocusPress)
+    )
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -228,8 +234,27 @@ def keep_all(layer: LayerContext) -> CompressedLayer:
     return CompressedLayer.gather(layer.keys, layer.values, indices)
 
 
+def prioritize(layer: LayerContext, scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` (``[B, Hkv, n]``, prefix positions) ranked by ``layer.priority`` tier first.
+
+    Each tier is lifted above the whole range of the scores of each head, so a higher tier
+    always ranks first and the scores still order positions inside a tier. Without
+    priorities (or all zero) the scores come back unchanged.
+    """
+    if layer.priority is None:
+        return scores
+    tiers = layer.priority[: scores.shape[-1]].to(device=scores.device, dtype=scores.dtype)
+    if not bool(tiers.any()):
+        return scores
+    finite = scores.masked_fill(~torch.isfinite(scores), 0.0)
+    span = (finite.amax(-1, keepdim=True) - finite.amin(-1, keepdim=True)).clamp_min(0) + 1.0
+    return scores + tiers * span
+
+
 def protect(layer: LayerContext, scores: torch.Tensor) -> torch.Tensor:
-    """``scores`` (``[B, Hkv, n]``, prefix positions) with ``layer.protected`` ones raised to +inf."""
+    """``scores`` (``[B, Hkv, n]``, prefix positions) ranked by ``layer.priority`` tiers
+    (:func:`prioritize`), with ``layer.protected`` ones raised to +inf."""
+    scores = prioritize(layer, scores)
     if layer.protected is None:
         return scores
     mask = layer.protected[: scores.shape[-1]].to(scores.device)

@@ -3,20 +3,25 @@
 ``ragsnap`` (the default) = SnapKV scores with profiled layer budgets -> word completion
 -> Attention Matching refit. ``layerbudget``, ``wordspan`` and ``attnmatch`` are each
 piece alone, for ablations. ``ragsnap-roles`` puts role-conditioned budgets between word
-completion and the refit.
+completion and the refit. ``ragsnap-lookup`` and ``ragsnap-roles-lookup`` rank the record a
+question names on a structured document first (:class:`LookupFocusPress`).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ragsnap.compression.attention_matching import (
     DEFAULT_MASS_ITERATIONS,
     DEFAULT_RIDGE,
     AttentionMatchingPress,
 )
+from ragsnap.compression.base import Press
 from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
+from ragsnap.compression.lookup_focus import LookupFocusPress
 from ragsnap.compression.role_budget import RoleBudgetPress
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.compression.span_completion import SpanCompletionPress
@@ -138,3 +143,21 @@ def ragsnap_roles_press(
         reach_back=reach_back,
     )
     return RagSnapRolesPress(base=roles, ridge=ridge, mass_iterations=mass_iterations)
+
+
+def with_lookup(factory: Callable[..., Press], name: str) -> Callable[..., LookupFocusPress]:
+    """``factory`` wrapped in :class:`LookupFocusPress`: on a structured document the
+    record the question names ranks first. Takes the same options (its signature is
+    ``factory``'s, so :func:`~ragsnap.compression.make_press` checks them)."""
+
+    @functools.wraps(factory)
+    def build(**options: Any) -> LookupFocusPress:
+        return LookupFocusPress(base=factory(**options))
+
+    build.__name__ = build.__qualname__ = name
+    build.__doc__ = f"``{factory.__name__}`` with the lookup focus (:class:`LookupFocusPress`)."
+    return build
+
+
+ragsnap_lookup_press = with_lookup(ragsnap_press, "ragsnap_lookup_press")
+ragsnap_roles_lookup_press = with_lookup(ragsnap_roles_press, "ragsnap_roles_lookup_press")

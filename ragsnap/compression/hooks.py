@@ -68,6 +68,7 @@ class CompressionRecorder:
     skipped_layers: set[int] = field(default_factory=set)
     word_starts: torch.Tensor | None = None  # [L] bool, for presses that complete words
     roles: torch.Tensor | None = None  # [L] uint8 token roles, for role-conditioned presses
+    focus: torch.Tensor | None = None  # [L] uint8 tiers of the named record, for LookupFocusPress
 
     def __post_init__(self) -> None:
         self.results = [{} for _ in self.presses]
@@ -110,6 +111,7 @@ class CompressionRecorder:
             position_embeddings=kwargs["position_embeddings"],
             word_starts=self.word_starts,
             roles=self.roles,
+            focus=self.focus,
         )
         with torch.no_grad():
             for i, press in enumerate(self.presses):
@@ -132,20 +134,27 @@ def compression_hooks(
     apply: bool = True,
     word_starts: torch.Tensor | None = None,
     roles: torch.Tensor | None = None,
+    focus: torch.Tensor | None = None,
 ) -> Iterator[CompressionRecorder]:
     """Install press hooks on every attention layer of ``model`` for the duration of the block.
 
     Arm the yielded recorder (``recorder.armed = True``) around the forward pass whose end
     is the end of prefill; its results hold what each press kept. With several presses and
     ``apply=False`` one prefill serves them all (the cache itself stays full).
-    ``word_starts`` and ``roles`` (``[L]`` each) describe the prompt's positions to presses.
+    ``word_starts``, ``roles`` and ``focus`` (``[L]`` each) describe the prompt's positions
+    to presses.
     """
     press_list = [presses] if isinstance(presses, Press) else list(presses)
     if apply and len(press_list) != 1:
         raise ValueError("apply=True needs exactly one press")
     modules = attention_modules(model)
     recorder = CompressionRecorder(
-        press_list, apply=apply, num_layers=len(modules), word_starts=word_starts, roles=roles
+        press_list,
+        apply=apply,
+        num_layers=len(modules),
+        word_starts=word_starts,
+        roles=roles,
+        focus=focus,
     )
     handles = [m.register_forward_hook(recorder.hook, with_kwargs=True) for m in modules]
     token = _CURRENT.set(recorder)

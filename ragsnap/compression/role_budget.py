@@ -23,6 +23,7 @@ from ragsnap.compression.base import (
     Press,
     ScorerPress,
     keep_all,
+    prioritize,
 )
 from ragsnap.compression.roles import STRUCTURAL, TokenRole
 from ragsnap.compression.snapkv import SnapKVPress
@@ -165,6 +166,8 @@ class RoleBudgetPress(Press):
             return self.base.compress(layer)
         device = layer.keys.device
         raw, ranked = self._scores(layer)  # [B, Hkv, P] each
+        completion = raw is not ranked
+        ranked = prioritize(layer, ranked)  # the records a question names first, in each role
         batch, heads = ranked.shape[:2]
         codes = roles.to(device).masked_fill(roles.to(device) == TokenRole.INSTRUCTION, 0)
         slots = keep - window
@@ -189,7 +192,7 @@ class RoleBudgetPress(Press):
         exact.append(torch.zeros(batch, heads, window, dtype=torch.bool, device=device))
         indices, order = torch.cat(chosen, dim=-1).sort(dim=-1)
         kept = CompressedLayer.gather(layer.keys, layer.values, indices)
-        if raw is not ranked:
+        if completion:
             kept.exact = torch.cat(exact, dim=-1).gather(-1, order)
         return kept
 

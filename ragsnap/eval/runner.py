@@ -21,6 +21,7 @@ from typing import Any
 
 from ragsnap.citations import extract_citations
 from ragsnap.compression.decode_snapkv import DecodeSnapKV
+from ragsnap.compression.lookup_focus import uses_focus
 from ragsnap.errors import RagSnapError
 from ragsnap.eval.citation_eval import citation_methods
 from ragsnap.eval.explain import explain_score
@@ -30,6 +31,7 @@ from ragsnap.eval.items import EvalItem, Malformed
 from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_answer
 from ragsnap.eval.store import PredictionStore
 from ragsnap.generation import GenerationConfig
+from ragsnap.lookup import prompt_focus
 from ragsnap.prompt import PromptLayout, encode_user_text_with_offsets, format_document
 from ragsnap.structure import prompt_roles
 
@@ -128,7 +130,9 @@ def evaluate_item(
     )
     length = layout.num_tokens
     roles = prompt_roles(engine.tokenizer, layout)
-    results = engine.runtime.prefill_many(layout.input_ids, [g.instance for g in grid], roles=roles)
+    presses = [g.instance for g in grid]
+    focus = prompt_focus(engine.tokenizer, layout) if uses_focus(*presses) else None
+    results = engine.runtime.prefill_many(layout.input_ids, presses, roles=roles, focus=focus)
     stop = answer_stopper(item, engine.tokenizer)
     compressed = [
         i

@@ -56,10 +56,12 @@ class ModelRuntime:
         start: int = 0,
         on_chunk: Callable[[], None] | None = None,
         roles: torch.Tensor | None = None,
+        focus: torch.Tensor | None = None,
     ) -> PrefillResult:
         """Prefill ``input_ids[start:]`` (on ``cache`` holding the first ``start``
         positions, when given) in chunks, compressing every layer with ``press`` at the end.
-        ``roles`` (``[L]``, :func:`ragsnap.structure.prompt_roles`) feeds role-aware presses."""
+        ``roles`` (``[L]``, :func:`ragsnap.structure.prompt_roles`) feeds role-aware presses,
+        ``focus`` (``[L]``, :func:`ragsnap.lookup.prompt_focus`) the lookup focus."""
         return _prefill.prefill(
             self.model,
             self.cache_kwarg,
@@ -71,6 +73,7 @@ class ModelRuntime:
             on_chunk=on_chunk,
             word_starts=word_starts(self.tokenizer, input_ids),
             roles=roles,
+            focus=focus,
         )[0]
 
     def prefill_many(
@@ -78,6 +81,7 @@ class ModelRuntime:
         input_ids: Sequence[int],
         presses: Sequence[Press],
         roles: torch.Tensor | None = None,
+        focus: torch.Tensor | None = None,
     ) -> list[PrefillResult]:
         """One prefill, several presses: each result has its own compressed cache."""
         return _prefill.prefill(
@@ -88,6 +92,7 @@ class ModelRuntime:
             cache=self.new_cache(),
             word_starts=word_starts(self.tokenizer, input_ids),
             roles=roles,
+            focus=focus,
         )
 
     def prefill_full(

@@ -117,6 +117,7 @@ def prefill(
     on_chunk: Callable[[], None] | None = None,
     word_starts: torch.Tensor | None = None,
     roles: torch.Tensor | None = None,
+    focus: torch.Tensor | None = None,
 ) -> list[PrefillResult]:
     """Prefill ``input_ids[start:]`` on top of ``cache`` (holding the first ``start``
     positions) in chunks of ``chunk`` tokens, and compress every layer at the end.
@@ -138,7 +139,9 @@ def prefill(
         forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
         if on_chunk is not None:
             on_chunk()
-    hooks = compression_hooks(model, press_list, apply=single, word_starts=word_starts, roles=roles)
+    hooks = compression_hooks(
+        model, press_list, apply=single, word_starts=word_starts, roles=roles, focus=focus
+    )
     with hooks as recorder:
         recorder.armed = True
         logits = forward_chunk(model, cache_kwarg, input_ids[starts[-1] :], cache, starts[-1])
