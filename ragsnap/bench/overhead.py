@@ -78,13 +78,15 @@ def _medians(urls: dict[str, str], body: dict[str, Any], rounds: int) -> dict[st
             times[name].append(elapsed)
             if ms is not None:
                 decode[name].append(ms)
-    return {
+    summary: dict[str, Any] = {
         "median_s": {name: round(statistics.median(t), 5) for name, t in times.items()},
         "tokens": tokens,
-        "decode_ms_per_token": {
-            name: round(statistics.median(ms), 2) for name, ms in decode.items() if ms
-        },
     }
+    if all(decode.values()):  # one-token answers have no decode speed
+        summary["decode_ms_per_token"] = {
+            name: round(statistics.median(ms), 2) for name, ms in decode.items()
+        }
+    return summary
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,7 +161,7 @@ def summarize(
         "cpus": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         **added("ray"),
-        "decode_ms_per_token": long["decode_ms_per_token"],
+        "decode_ms_per_token": long.get("decode_ms_per_token", {}),
         "via_proxy": added("ray_proxy"),
         "whole_one_token": whole,
         "stream_one_token": short,
