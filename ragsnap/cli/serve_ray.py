@@ -44,6 +44,8 @@ def run_on_ray(args: argparse.Namespace, settings: Any, given: dict[str, Any]) -
     )
     address = os.environ.get("RAY_ADDRESS")
     direct = not address and not getattr(args, "ray_proxy", False)
+    if not address:
+        _check_port_free(settings.host, settings.port)
     proxy_port = _free_port(settings.host) if direct else settings.port
     if address:
         ray.init(address=address)
@@ -81,3 +83,19 @@ def _free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """A clear error now, rather than a deployment failing after Ray started."""
+    import socket
+
+    from ragsnap.errors import ConfigError
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"--port {port}: cannot listen on {host}:{port} ({exc.strerror})", field="port"
+            ) from None
