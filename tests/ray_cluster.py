@@ -1,5 +1,8 @@
 """A local Ray cluster with the ragsnap Serve application deployed from ``deploy/serve.yaml``.
 
+The head runs with direct ingress (the ingress replica's own HTTP server on ``url``, as
+``ragsnap serve --ray`` does); Serve's HTTP proxy answers on ``proxy_url`` too.
+
 One cluster and one application serve every Ray test of a run (starting them costs
 about half a minute on two cores); the fixture that starts them shuts them down.
 """
@@ -32,7 +35,8 @@ def free_port() -> int:
 
 @dataclass
 class RayApp:
-    url: str
+    url: str  # the ingress replica's own server (direct ingress)
+    proxy_url: str  # Serve's HTTP proxy in front of the same ingress
     name: str
     config: dict[str, Any]
     settings: dict[str, Any]
@@ -65,8 +69,12 @@ def ray_app(settings: dict[str, Any], headers: dict[str, str], **args: Any) -> I
     from ray._common.utils import import_attr
     from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 
-    saved = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_ADDRESS")}
-    os.environ.update(RAY_ENV)
+    from ragsnap.api.ray_head_env import direct_ingress_env
+
+    direct_port = free_port()
+    env = {**RAY_ENV, **direct_ingress_env(direct_port)}
+    saved = {k: os.environ.get(k) for k in (*env, "RAY_ADDRESS")}
+    os.environ.update(env)
     os.environ.pop("RAY_ADDRESS", None)  # a local cluster of our own, never the user's
     config = yaml.safe_load(SERVE_CONFIG.read_text())
     app = config["applications"][0]
@@ -80,9 +88,10 @@ def ray_app(settings: dict[str, Any], headers: dict[str, str], **args: Any) -> I
             import_attr(app["import_path"]), merged
         )
         serve.run(target, name=app["name"], route_prefix=app["route_prefix"])
-        url = f"http://127.0.0.1:{port}"
+        url, proxy_url = f"http://127.0.0.1:{direct_port}", f"http://127.0.0.1:{port}"
         wait_ready(url, headers)
-        yield RayApp(url=url, name=app["name"], config=config, settings=merged["settings"])
+        wait_ready(proxy_url, headers)
+        yield RayApp(url, proxy_url, app["name"], config, merged["settings"])
     finally:
         try:
             serve.shutdown()

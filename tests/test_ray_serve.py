@@ -95,6 +95,16 @@ def test_two_replicas_answer_streamed_and_whole(cluster):
     assert len(replicas) == 2  # two live replicas, both given document sets
 
 
+def test_serve_proxy_answers_as_the_direct_ingress(cluster):
+    via_proxy = answer(cluster.proxy_url, ask())
+    assert via_proxy["answer"] == answer(cluster.url, ask())["answer"]
+    refused = [
+        httpx.post(f"{url}/v1/answer", json=ask()) for url in (cluster.url, cluster.proxy_url)
+    ]
+    assert [r.status_code for r in refused] == [401, 401]
+    assert refused[0].json() == refused[1].json()
+
+
 def test_openai_client_works_through_the_ingress(cluster):
     from openai import OpenAI
 
@@ -263,6 +273,51 @@ def test_full_replica_queue_is_429_and_disconnects_cancel_in_the_replica(cluster
         time.sleep(0.1)
     # the answers still running or waiting were stopped in the replica by the disconnects
     assert 1 <= load["cancelled"] - home["cancelled"] <= accepted
+
+
+def _wait_load(cluster, docs, ready, what):
+    deadline = time.monotonic() + 60
+    while not ready(load := replica_of(cluster, docs)):
+        assert time.monotonic() < deadline, f"{what}: {load}"
+        time.sleep(0.05)
+    return load
+
+
+def test_a_replica_dead_before_it_sent_anything_is_replaced_for_the_request(cluster):
+    """A request queued in a replica (admitted, nothing streamed yet) when the replica dies
+    is sent again, to the other replica, and answered there."""
+    import ray
+
+    docs = other_docs(94)
+    home = replica_of(cluster, docs)
+    opened = []
+
+    def open_stream(tokens):
+        client = httpx.Client(timeout=60, headers=AUTH)
+        body = ask("t5 t6?", docs, tokens=tokens, stream=True)
+        response = client.send(
+            client.build_request("POST", f"{cluster.url}/v1/answer", json=body), stream=True
+        )
+        opened.append((client, response))
+        assert response.status_code == 200
+        return response
+
+    try:
+        for _ in range(2):  # max_batch 2: the replica's batch is full with these
+            open_stream(900)
+        _wait_load(cluster, docs, lambda load: load["answering"] == 2, "two answering")
+        queued = open_stream(6)
+        _wait_load(cluster, docs, lambda load: load["waiting"] == 1, "one waiting")
+        ray.kill(ray.get_actor(home["actor_name"], namespace="serve"), no_restart=True)
+        events = list(parse_sse(queued.iter_lines()))  # ends: no hang
+    finally:
+        for client, response in opened:
+            response.close()
+            client.close()
+    names = [name for name, _ in events]
+    assert "error" not in names and names[0] == "meta" and names[-1] == "done", names
+    assert events[-1][1]["stats"]["replica"] not in (None, home["replica"])
+    assert events[-1][1]["stats"]["new_tokens"] == 6
 
 
 def test_a_dead_replica_ends_its_streams_cleanly_and_the_other_answers(cluster):

@@ -60,3 +60,20 @@ def test_serve_ray_starts_a_local_head_and_stops_it(tmp_path):
             break
         assert time.monotonic() < deadline, "Serve still answers after the command ended"
         time.sleep(0.5)
+
+
+def test_serve_ray_on_a_busy_port_is_a_clear_error_before_ray_starts():
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(RAY_ENV)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "ragsnap", "serve", "--ray", "--host", "127.0.0.1"]
+        command += ["--port", str(port), "--cache", "none"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"--port {port}: cannot listen" in done.stderr and "Traceback" not in done.stderr
+    assert "Started a local Ray instance" not in done.stderr

@@ -51,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     ray.add_argument("--replicas", type=int, help="engine replicas with --ray (default 2)")
     ray.add_argument(
+        "--ray-proxy",
+        action="store_true",
+        help="with a local Ray head: serve --port through Serve's HTTP proxy instead of the "
+        "ingress replica's own server (direct ingress, one Ray hop less)",
+    )
+    ray.add_argument(
         "--replica-cpus", type=float, help="CPUs reserved per replica (default 1; 0.5 allowed)"
     )
     ray.add_argument(
