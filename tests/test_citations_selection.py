@@ -46,9 +46,11 @@ def test_the_relative_gap_cites_a_clear_winner_alone_and_a_close_second_too():
 def test_the_anchor_cites_the_questions_best_document_first_and_caps_keep_it():
     scores = [[0.1, 0.0, 0.9, 0.0], [0.0, 0.0, 0.0, 0.7]]
     question = [1.0, 0.3, 0.2, 0.6]
-    plain = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=1)
+    plain = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=1, anchor=False)
     assert _cited(scores, plain, question) == [[2], [3]]
-    anchored = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=1, anchor=True)
+    anchored = AttributionWeights(
+        1.0, 0.0, 0.0, threshold=0.5, top_k=1, anchor=True, max_documents=None
+    )
     assert _cited(scores, anchored, question) == [[0, 2], [3]]
     capped = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=1, anchor=True, max_documents=2)
     assert _cited(scores, capped, question) == [[0, 2], []]  # the anchor outranks the 0.7

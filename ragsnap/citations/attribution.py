@@ -49,14 +49,14 @@ class AttributionWeights:
     (BM25) is cited for the first sentence whatever its score, on top of those: the
     question names what the answer is about, the answer's evidence finds the rest."""
 
-    overlap: float = 0.3
-    attention: float = 0.3
-    question: float = 0.4
-    threshold: float = 0.35
-    top_k: int = 3
-    max_documents: int | None = None  # cap for the whole answer (its best-scoring documents)
+    overlap: float = 0.5
+    attention: float = 0.0  # no say: the engine skips the attention pass
+    question: float = 0.5
+    threshold: float = 0.25
+    top_k: int = 2
+    max_documents: int | None = 3  # cap for the whole answer (its best-scoring documents)
     ratio: float = 0.0  # a document is cited only within this share of the sentence's best
-    anchor: bool = False  # the question's most relevant document is cited for sentence 1
+    anchor: bool = True  # the question's most relevant document is cited for sentence 1
 
     def __post_init__(self) -> None:
         values = (self.overlap, self.attention, self.question, self.threshold, self.ratio)

@@ -31,9 +31,17 @@ from ragsnap.runtime.prefill import PrefillResult
 
 # one kind of evidence alone (thresholds calibrated like the combined weights; README)
 ATTENTION_ONLY = AttributionWeights(
-    overlap=0.0, attention=1.0, question=0.0, threshold=0.15, top_k=3
+    overlap=0.0,
+    attention=1.0,
+    question=0.0,
+    threshold=0.35,
+    top_k=3,
+    max_documents=None,
+    anchor=False,
 )
-OVERLAP_ONLY = AttributionWeights(overlap=1.0, attention=0.0, question=0.0, threshold=0.1, top_k=3)
+OVERLAP_ONLY = AttributionWeights(
+    overlap=1.0, attention=0.0, question=0.0, threshold=0.1, top_k=2, max_documents=2, anchor=False
+)
 
 
 def set_scores(cited: Sequence[str], gold: Sequence[str]) -> dict[str, float | None]:
