@@ -252,8 +252,11 @@ class RagSnapEngine:
         shares = document_keep_shares(keep_rate, layout.doc_spans)
         if options.mode == "markers" or not layout.documents:
             return extract_citations(answer, layout.documents, shares), None, 0.0
-        layers = options.attention_layers or default_attention_layers(len(self.runtime.windows))
-        attention = self.runtime.answer_attention(prefill, tokens, layers)
+        attention = None  # weights that give attention no say skip its pass (its cost)
+        if options.weights.attention > 0:
+            windows = len(self.runtime.windows)
+            layers = options.attention_layers or default_attention_layers(windows)
+            attention = self.runtime.answer_attention(prefill, tokens, layers)
         doc_sentences = document_sentences(self.tokenizer, layout.documents, layout.doc_spans)
         evidence = gather_evidence(
             answer,

@@ -45,7 +45,10 @@ def test_score_reports_each_method_and_precision_when_right(tmp_path: Path):
     (tmp_path / "predictions.jsonl").write_text("\n".join(json.dumps(r) for r in RECORDS))
     records = load_records(tmp_path)
     assert len(records) == 3
-    out = score(records, {"combined": AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=1)})
+    out = score(
+        records,
+        {"combined": AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=1, anchor=False)},
+    )
     assert out["combined"]["f1"] == 1.0 and out["combined"]["precision_when_right"] == 1.0
     assert out["combined"]["n_right_cited"] == 2
     assert out["markers"]["f1"] == 0.0 and out["markers"]["precision"] is None
@@ -54,7 +57,9 @@ def test_score_reports_each_method_and_precision_when_right(tmp_path: Path):
 
 def test_a_document_cap_keeps_the_answers_best_scoring_documents():
     record = _record("4", [[0.9, 0.6, 0.0], [0.0, 0.7, 0.8]], None, [0.0, 0.0, 0.0], ["b"])
-    loose = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=2)
-    capped = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=2, max_documents=2)
+    loose = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=2, max_documents=None)
+    capped = AttributionWeights(
+        1.0, 0.0, 0.0, threshold=0.5, top_k=2, max_documents=2, anchor=False
+    )
     assert cited(record, loose) == [0, 1, 2]
     assert cited(record, capped) == [0, 2]  # best scores: a 0.9, c 0.8, b 0.7

@@ -28,15 +28,23 @@ DOCS = [
         text="Honeybees show where flowers are with a waggle dance.",
     ),
 ]
-OVERLAP = AttributionWeights(overlap=1.0, attention=0.0, question=0.0, threshold=0.5)
+OVERLAP = AttributionWeights(
+    overlap=1.0,
+    attention=0.0,
+    question=0.0,
+    threshold=0.5,
+    top_k=3,
+    max_documents=None,
+    anchor=False,
+)
 
 
-def _cite(answer: str, question: str = "Where is the Rosetta Stone kept?"):
+def _cite(answer: str, question: str = "Where is the Rosetta Stone kept?", weights=OVERLAP):
     tokenizer = tiny_tokenizer()
     layout = assemble_prompt(tokenizer, question, DOCS, max_prompt_tokens=2000)
     doc_sentences = document_sentences(tokenizer, layout.documents, layout.doc_spans)
     evidence = gather_evidence(answer, question, layout.documents, doc_sentences)
-    return attribute(answer, layout.documents, doc_sentences, evidence, OVERLAP), evidence
+    return attribute(answer, layout.documents, doc_sentences, evidence, weights), evidence
 
 
 def test_answer_copied_from_document_2_cites_it_with_the_quote_offsets():
@@ -51,6 +59,19 @@ def test_answer_copied_from_document_2_cites_it_with_the_quote_offsets():
     assert text[quote.start : quote.end] == quote.text
     assert quote.start == text.index("It has been")
     assert citation.to_dict()["quotes"][0]["start"] == quote.start
+
+
+def test_with_the_default_weights_a_copied_answer_cites_its_document_alone():
+    answer = "It has been kept in the British Museum since 1802."
+    citations, evidence = _cite(answer, weights=AttributionWeights())
+    assert evidence.attention is None  # the defaults need no attention pass
+    assert [c.doc_id for c in citations] == ["rosetta"]
+    quote = citations[0].quotes[0]
+    assert DOCS[1].text[quote.start : quote.end] == quote.text == answer
+    # the question is about tides: the anchor adds its document, the answer still cites 2
+    citations, _ = _cite(answer, question="What causes the tides?", weights=AttributionWeights())
+    assert [c.doc_id for c in citations] == ["tides", "rosetta"]
+    assert "bees" not in {c.doc_id for c in citations}
 
 
 def test_a_document_the_answer_does_not_use_is_not_cited():

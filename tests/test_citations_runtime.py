@@ -3,9 +3,12 @@ every press, marker control while decoding, and the streamed text left untouched
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
+from ragsnap.citations.attribution import AttributionWeights
 from ragsnap.citations.markers import MarkerConstraint
 from ragsnap.citations.options import CitationOptions
 from ragsnap.compression import PRESSES, make_press
@@ -51,16 +54,21 @@ def test_answer_attention_of_chosen_layers_stops_early_and_sees_only_kept_positi
     assert bool((got.sum(dim=1) <= 1.0 + 1e-5).all()) and float(got.sum()) > 0.5
 
 
+# weights that use attention evidence (the defaults do not, and skip its pass)
+WITH_ATTENTION = AttributionWeights(overlap=0.3, attention=0.3, question=0.4, threshold=0.35)
+
+
 @pytest.mark.parametrize("press", sorted(PRESSES))
 def test_attribution_runs_with_every_press_and_a_budget_above_the_prompt(press) -> None:
     engine = tiny_engine("llama")
-    for budget in (48, 4096):  # compressed, and a budget above the prompt (nothing dropped)
+    for budget, weights in itertools.product((48, 4096), (AttributionWeights(), WITH_ATTENTION)):
+        # compressed, and a budget above the prompt (nothing dropped)
         options = AnswerOptions(
             press=make_press(press, budget=budget, window=8)
             if press != "full"
             else make_press("full"),
             generation=GenerationConfig(max_new_tokens=6),
-            citations=CitationOptions(inline_markers=True),
+            citations=CitationOptions(inline_markers=True, weights=weights),
         )
         done = engine.answer("t5 t6 t7", DOCS, options)
         assert done.stats.citations_mode == "attribution" and done.stats.attribution_s > 0
@@ -71,6 +79,27 @@ def test_attribution_runs_with_every_press_and_a_budget_above_the_prompt(press) 
                 assert doc.text[quote.start : quote.end] == quote.text
                 assert quote.kept_share is None or 0.0 <= quote.kept_share <= 1.0
         assert done.answer_with_markers is not None
+
+
+def test_the_attention_pass_runs_only_for_weights_that_use_attention() -> None:
+    engine = tiny_engine("llama")
+    calls = []
+    recompute = engine.runtime.answer_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return recompute(*args, **kwargs)
+
+    engine.runtime.answer_attention = counted
+    for weights, expected in ((AttributionWeights(), 0), (WITH_ATTENTION, 1)):
+        calls.clear()
+        options = AnswerOptions(
+            press=make_press("snapkv", budget=48, window=8),
+            generation=GenerationConfig(max_new_tokens=4),
+            citations=CitationOptions(weights=weights),
+        )
+        engine.answer("t5 t6 t7", DOCS, options)
+        assert len(calls) == expected
 
 
 def test_marker_control_never_lets_an_out_of_range_number_follow_an_open_bracket() -> None:

@@ -4,18 +4,21 @@ Two kinds of evidence, per (answer sentence, document):
 
 - overlap: the IDF-weighted share of the sentence's content words (and bigrams) that the
   document's best sentence contains (``citations.overlap``);
-- attention: the share of the attention the sentence's tokens pay to the document's kept
-  positions, over all documents, divided by the best document's share (so 1 = the most
-  attended document), aggregated over the layers and heads the runtime recomputed.
+- attention: the peak attention the sentence's tokens pay to one of the document's kept
+  positions, divided by the best document's peak (so 1 = the most attended document),
+  averaged over the layers and heads the runtime recomputed;
 
-plus a question prior (BM25-like relevance of the document to the question). The score is
-a weighted sum; a document is cited for a sentence when its score reaches ``threshold``
-(at most ``top_k`` per sentence). The weights and threshold are calibrated on held-out
-items (``ragsnap.eval.citation_calibration``; README, "Citations").
+plus a question prior (the document's BM25 relevance to the question, as the retriever
+computes it). The score is a weighted sum; a sentence cites the documents that reach
+``threshold`` and ``ratio`` times its best score (at most ``top_k``), the answer at most
+``max_documents``, and with ``anchor`` the question's most relevant document too. The
+weights and the rule are calibrated on held-out items
+(``ragsnap.eval.citation_calibration``; docs/results.md, "Citation attribution").
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,20 +31,42 @@ from ragsnap.citations.overlap import SentenceIndex, question_relevance
 from ragsnap.citations.quotes import DocumentSentence, span_keep_share
 from ragsnap.citations.sentences import Sentence, content_words, split_sentences
 from ragsnap.documents import Document
+from ragsnap.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class AttributionWeights:
     """How evidence combines into a citation. The defaults were fitted on held-out items
-    (12 HotpotQA + 12 BioASQ factoid, default press at budget 256, embedded model;
-    ``python -m ragsnap.eval.citation_calibration fit``, README "Citations")."""
+    (HotpotQA and BioASQ factoid, default press at budget 256, embedded model;
+    ``python -m ragsnap.eval.citation_calibration fit``, docs/results.md "Citation
+    attribution").
 
-    overlap: float = 0.3
-    attention: float = 0.3
-    question: float = 0.4
-    threshold: float = 0.35
-    top_k: int = 3
-    max_documents: int | None = None  # cap for the whole answer (its best-scoring documents)
+    Per answer sentence, a document's score is the weighted sum of its evidence; the
+    sentence cites the documents that reach ``threshold`` and ``ratio`` times the
+    sentence's best score (a relative gap: a clear winner is cited alone), at most
+    ``top_k`` of them; the answer cites at most ``max_documents`` in all (its
+    best-scoring ones). With ``anchor``, the document the question is most relevant to
+    (BM25) is cited for the first sentence whatever its score, on top of those: the
+    question names what the answer is about, the answer's evidence finds the rest."""
+
+    overlap: float = 0.5
+    attention: float = 0.0  # no say: the engine skips the attention pass
+    question: float = 0.5
+    threshold: float = 0.25
+    top_k: int = 2
+    max_documents: int | None = 3  # cap for the whole answer (its best-scoring documents)
+    ratio: float = 0.0  # a document is cited only within this share of the sentence's best
+    anchor: bool = True  # the question's most relevant document is cited for sentence 1
+
+    def __post_init__(self) -> None:
+        values = (self.overlap, self.attention, self.question, self.threshold, self.ratio)
+        if any(not math.isfinite(v) or v < 0 for v in values) or self.ratio > 1:
+            raise ConfigError(
+                "attribution weights and threshold must be finite and >= 0, ratio in [0, 1]",
+                field="citations",
+            )
+        if self.top_k < 1 or (self.max_documents is not None and self.max_documents < 1):
+            raise ConfigError("top_k and max_documents must be at least 1", field="citations")
 
     def score(self, overlap: float, attention: float | None, question: float) -> float:
         if attention is None:  # no attention evidence: overlap and question share its weight
@@ -190,28 +215,38 @@ def gather_evidence(
 def select_documents(
     evidence: Evidence, weights: AttributionWeights
 ) -> list[list[tuple[int, float]]]:
-    """Per answer sentence, the ``(doc, score)`` pairs that reach the threshold, best first
-    (at most ``top_k`` per sentence, and ``max_documents`` different ones in all)."""
-    return select_from_scores(evidence.scores(weights), weights)
+    """Per answer sentence, the ``(doc, score)`` pairs that reach the threshold and the
+    ratio of the sentence's best, best first (at most ``top_k`` per sentence, and
+    ``max_documents`` different ones in all)."""
+    return select_from_scores(evidence.scores(weights), weights, evidence.question)
 
 
 def select_from_scores(
-    scores: Sequence[Sequence[float]], weights: AttributionWeights
+    scores: Sequence[Sequence[float]],
+    weights: AttributionWeights,
+    question: Sequence[float] = (),
 ) -> list[list[tuple[int, float]]]:
-    """:func:`select_documents` on a ``[S][D]`` score matrix."""
-    out = []
+    """:func:`select_documents` on a ``[S][D]`` score matrix (``question``: ``[D]``
+    relevance, for the anchor)."""
+    out: list[list[tuple[int, float]]] = []
     for row in scores:
-        ranked = sorted(
-            ((d, v) for d, v in enumerate(row) if v >= weights.threshold), key=lambda x: -x[1]
-        )
-        out.append(ranked[: weights.top_k])
+        floor = max(weights.threshold, weights.ratio * max(row, default=0.0))
+        picks = sorted(((d, v) for d, v in enumerate(row) if v >= floor), key=lambda x: -x[1])
+        out.append(picks[: weights.top_k])
+    anchor: int | None = None
+    if weights.anchor and out and question and max(question) > 0:
+        anchor = max(range(len(question)), key=lambda d: question[d])
+        out[0] = [(anchor, scores[0][anchor])] + [(d, v) for d, v in out[0] if d != anchor]
     if weights.max_documents is not None:
         best: dict[int, float] = {}
-        for picks in out:
-            for d, v in picks:
+        for chosen in out:
+            for d, v in chosen:
                 best[d] = max(best.get(d, 0.0), v)
-        keep = set(sorted(best, key=lambda d: -best[d])[: weights.max_documents])
-        out = [[(d, v) for d, v in picks if d in keep] for picks in out]
+        ranked = sorted(best, key=lambda d: -best[d])
+        if anchor is not None:  # the anchor stays
+            ranked = [anchor] + [d for d in ranked if d != anchor]
+        keep = set(ranked[: weights.max_documents])
+        out = [[(d, v) for d, v in chosen if d in keep] for chosen in out]
     return out
 
 

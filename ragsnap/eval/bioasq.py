@@ -42,6 +42,23 @@ def _passages(question: dict[str, Any]) -> dict[str, str]:
     return {pmid: " ".join(texts) for pmid, texts in grouped.items()}
 
 
+def snippet_spans(
+    passage_texts: dict[str, str], question: dict[str, Any]
+) -> dict[str, list[list[int]]]:
+    """Per PubMed id, the ``[start, end)`` character spans of the question's snippets in
+    that document's passage (the text :func:`_passages` built)."""
+    spans: dict[str, list[list[int]]] = {}
+    for snippet in question.get("snippets") or []:
+        if not isinstance(snippet, dict) or not isinstance(snippet.get("text"), str):
+            continue
+        pmid = pubmed_id(snippet.get("document") or "")
+        text, passage = snippet["text"].strip(), passage_texts.get(pmid)
+        at = passage.find(text) if passage and text else -1
+        if at >= 0 and [at, at + len(text)] not in spans.get(pmid, []):
+            spans.setdefault(pmid, []).append([at, at + len(text)])
+    return spans
+
+
 def _flat(values: Any) -> list[str]:
     if isinstance(values, str):
         return [values]
@@ -155,7 +172,7 @@ def load_bioasq(
                 answers=answers,
                 answer_groups=groups,
                 gold_doc_ids=gold,
-                metadata={"source": where},
+                metadata={"source": where, "evidence_spans": snippet_spans(passages, q)},
             )
         )
     return LoadedItems(items=items, malformed=malformed)

@@ -1,8 +1,8 @@
 """Calibrating how attribution evidence combines, on held-out eval records.
 
 ``ragsnap eval`` stores each record's evidence matrices (``attribution.evidence``: overlap
-and attention ``[S][D]``, question ``[D]``). A grid search picks the weights, threshold and
-per-sentence cap that maximize the mean citation F1 against the gold documents, averaged
+and attention ``[S][D]``, question ``[D]``). A grid search picks the weights, threshold, relative
+gap and caps that maximize the mean citation F1 against the gold documents, averaged
 over the data sets given (so no set dominates); each kind of evidence alone gets its own
 threshold too. ``score`` applies weights to other records (the evaluated items).
 
@@ -16,7 +16,7 @@ import argparse
 import itertools
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -25,7 +25,10 @@ from ragsnap.citations.attribution import AttributionWeights, select_from_scores
 
 GRID = [round(0.1 * i, 1) for i in range(11)]
 THRESHOLDS = [round(0.05 * i, 2) for i in range(2, 20)]
-CAPS = (None, 2, 3, 4)  # documents per answer
+CAPS = (None, 1, 2, 3)  # documents per answer
+TOP_KS = (1, 2, 3)  # documents per sentence
+ANCHORS = (False, True)  # cite the question's most relevant document
+RATIOS = (0.0, 0.6, 0.8)  # share of the sentence's best score
 
 
 def load_records(
@@ -44,12 +47,11 @@ def load_records(
     return list(found.values())
 
 
-def cited(record: dict[str, Any], weights: AttributionWeights) -> list[int]:
-    """Document indices ``weights`` cite for ``record`` (union over its sentences), the
-    same selection as :func:`ragsnap.citations.attribution.select_documents`."""
+def record_scores(record: dict[str, Any], weights: AttributionWeights) -> list[list[float]]:
+    """``[S][D]`` combined scores of ``record``'s stored evidence under ``weights``."""
     ev = record["attribution"]["evidence"]
     attention = ev["attention"]
-    scores = [
+    return [
         [
             weights.score(
                 overlap[d], None if attention is None else attention[s][d], ev["question"][d]
@@ -58,52 +60,93 @@ def cited(record: dict[str, Any], weights: AttributionWeights) -> list[int]:
         ]
         for s, overlap in enumerate(ev["overlap"])
     ]
+
+
+def cited(
+    record: dict[str, Any],
+    weights: AttributionWeights,
+    scores: Sequence[Sequence[float]] | None = None,
+) -> list[int]:
+    """Document indices ``weights`` cite for ``record`` (union over its sentences), the
+    same selection as :func:`ragsnap.citations.attribution.select_documents`."""
     out: list[int] = []
-    for picks in select_from_scores(scores, weights):
+    rows = record_scores(record, weights) if scores is None else scores
+    question = record["attribution"]["evidence"]["question"]
+    for picks in select_from_scores(rows, weights, question):
         out += [d for d, _ in picks if d not in out]
     return out
 
 
-def f1(record: dict[str, Any], weights: AttributionWeights) -> float | None:
+def f1(
+    record: dict[str, Any],
+    weights: AttributionWeights,
+    scores: Sequence[Sequence[float]] | None = None,
+) -> float | None:
     gold = set(record["gold_doc_ids"])
     if not gold:
         return None
     ids = record["attribution"]["doc_ids"]
-    chosen = {ids[d] for d in cited(record, weights)}
+    chosen = {ids[d] for d in cited(record, weights, scores)}
     return 2 * len(chosen & gold) / (len(chosen) + len(gold))
 
 
-def mean_f1(sets: Sequence[Sequence[dict[str, Any]]], weights: AttributionWeights) -> float:
+def mean_f1(
+    sets: Sequence[Sequence[dict[str, Any]]],
+    weights: AttributionWeights,
+    scores: Sequence[Sequence[Sequence[Sequence[float]]]] | None = None,
+) -> float:
+    """Mean over ``sets`` of each set's mean F1 (``scores``: the records' precomputed
+    score matrices under ``weights``' evidence weights, set by set)."""
     per_set = []
-    for records in sets:
-        values = [v for r in records if (v := f1(r, weights)) is not None]
+    for i, records in enumerate(sets):
+        values = [
+            v
+            for j, r in enumerate(records)
+            if (v := f1(r, weights, None if scores is None else scores[i][j])) is not None
+        ]
         per_set.append(fmean(values) if values else 0.0)
     return fmean(per_set)
 
 
-def fit(sets: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
-    """Best combined weights, and the best threshold for each kind of evidence alone."""
+def _search(
+    sets: Sequence[Sequence[dict[str, Any]]],
+    evidence_weights: Sequence[tuple[float, ...]],
+    anchors: Sequence[bool] = ANCHORS,
+) -> tuple[float, AttributionWeights]:
+    """The best selection rule (threshold, ratio, per-sentence and per-answer caps) for
+    each ``(overlap, attention, question)`` weighting; the best of all. Ties keep the
+    first found (the coarser rule: lower ratio, fewer caps)."""
     best: tuple[float, AttributionWeights] = (-1.0, AttributionWeights())
-    for o, a in itertools.product(GRID, GRID):
-        q = round(1.0 - o - a, 1)
-        if q < 0:
-            continue
-        for t, k, m in itertools.product(THRESHOLDS, (1, 2, 3), CAPS):
-            w = AttributionWeights(
-                overlap=o, attention=a, question=q, threshold=t, top_k=k, max_documents=m
-            )
-            score = mean_f1(sets, w)
-            if score > best[0]:
-                best = (score, w)
+    for o, a, q in evidence_weights:
+        base = AttributionWeights(overlap=o, attention=a, question=q)
+        scores = [[record_scores(r, base) for r in records] for records in sets]
+        for n, r, t, k, m in itertools.product(anchors, RATIOS, THRESHOLDS, TOP_KS, CAPS):
+            w = replace(base, threshold=t, top_k=k, max_documents=m, ratio=r, anchor=n)
+            value = mean_f1(sets, w, scores)
+            if value > best[0] + 1e-9:
+                best = (value, w)
+    return best
+
+
+def fit(sets: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """Best combined weights, and the best rule for each kind of evidence alone."""
+    weighted = [
+        (o, a, abs(round(1.0 - o - a, 1)))
+        for o, a in itertools.product(GRID, GRID)
+        if o + a <= 1.0001
+    ]
+    score, combined = _search(sets, weighted)
+    # the same without attention evidence: what the attention pass (its cost) buys
+    lexical, no_attention = _search(sets, [w for w in weighted if w[1] == 0])
     alone = {}
     for name, base in (("attention", (0.0, 1.0, 0.0)), ("overlap", (1.0, 0.0, 0.0))):
-        options = [
-            AttributionWeights(*base, threshold=t, top_k=k)
-            for t, k in itertools.product(THRESHOLDS, (1, 2, 3))
-        ]
-        score, w = max(((mean_f1(sets, w), w) for w in options), key=lambda x: x[0])
-        alone[name] = {"f1": round(score, 4), "weights": asdict(w)}
-    return {"combined": {"f1": round(best[0], 4), "weights": asdict(best[1])}, "alone": alone}
+        value, w = _search(sets, [base], anchors=(False,))  # that evidence only
+        alone[name] = {"f1": round(value, 4), "weights": asdict(w)}
+    return {
+        "combined": {"f1": round(score, 4), "weights": asdict(combined)},
+        "without_attention": {"f1": round(lexical, 4), "weights": asdict(no_attention)},
+        "alone": alone,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -178,7 +178,15 @@ def evaluate_item(
         scores = score_answer(item.type, answer, item.answers, item.answer_groups)
         scores.update(citation_scores([c.doc_id for c in citations], gold))
         cite_scores, cite_detail, attribution_s = citation_methods(
-            engine, layout, item.question, result, out.tokens, gold, scores.get("accuracy")
+            engine,
+            layout,
+            item.question,
+            result,
+            out.tokens,
+            gold,
+            scores.get("accuracy"),
+            evidence_spans=item.metadata.get("evidence_spans"),
+            answers=item.answers if item.type in ("factoid", "short") else (),
         )
         scores.update(cite_scores)
         scores["agreement"] = float(normalize(answer) == normalize(full_answer))
