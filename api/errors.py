@@ -84,13 +84,16 @@ def field_path(loc: Sequence[int | str]) -> str:
     return path
 
 
+# FastAPI's detail for a body it cannot even decode (bytes that are not UTF-8)
+BODY_NOT_PARSED = "There was an error parsing the body"
+NOT_JSON = ApiError(422, "the request body is not valid JSON", param="body", code="json_invalid")
+
+
 def _validation_error(exc: RequestValidationError) -> ApiError:
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     if first.get("type") == "json_invalid":
-        return ApiError(
-            422, "the request body is not valid JSON", param="body", code="json_invalid"
-        )
+        return NOT_JSON
     param = field_path(first.get("loc", ())) or "body"
     detail = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
     message = f"{param}: {detail}"
@@ -130,6 +133,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == BODY_NOT_PARSED:  # e.g. not UTF-8
+            return error_response(request, NOT_JSON)
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         return error_response(request, ApiError(exc.status_code, message, headers=exc.headers))
 

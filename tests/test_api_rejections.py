@@ -151,6 +151,17 @@ def test_malformed_json_is_422(client):
     assert_error(response, 422, "body", "json_invalid")
 
 
+@pytest.mark.parametrize(
+    ("path", "status"), [("/v1/answer", 422), ("/v1/search", 422), ("/v1/chat/completions", 400)]
+)
+def test_a_body_that_is_not_utf8_is_invalid_json_not_a_parse_failure(client, path, status):
+    # bytes no JSON decoder can read (schemathesis found this on /v1/search)
+    response = client.post(
+        path, content=b"L\xff\xfe\x00D", headers={**AUTH, "content-type": "application/json"}
+    )
+    assert_error(response, status, "body", "json_invalid")
+
+
 def test_field_errors_name_the_field(client):
     docs = [DOCS[0], {"id": "empty", "text": ""}]
     assert_error(

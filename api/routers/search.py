@@ -13,7 +13,7 @@ router = APIRouter(tags=["search"])
 
 
 @router.post(
-    "/v1/search", response_model=SearchResponse, responses=errors(401, 408, 413, 422, 429, 503)
+    "/v1/search", response_model=SearchResponse, responses=errors(400, 401, 408, 413, 422, 429, 503)
 )
 def search(body: SearchRequest, services: ServicesDep, settings: SettingsDep) -> SearchResponse:
     """BM25 over the server's corpus, best first; passages sharing no term are left out.
