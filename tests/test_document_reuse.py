@@ -19,11 +19,13 @@ from ragsnap.models import LoadedModel
 from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.blend import (
     PlacedPiece,
+    _assemble,
     _fresh_select_layer,
     blend_prefix,
     document_pieces,
     model_cache,
 )
+from ragsnap.runtime.blend_select import question_attention
 from ragsnap.runtime.prefill import forward_chunk
 from ragsnap.runtime.reencode import reencode_support, shift_layers
 from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_model, tiny_tokenizer
@@ -98,6 +100,44 @@ def test_full_recompute_is_the_cold_prefix_and_shares_grow():
     )
     errors = [_max_diff(r.layers, cold) for r in (plain, some, full)]
     assert errors[0] > errors[2]
+
+
+def test_question_selection_ranks_by_the_tails_attention_and_leaves_the_kv_alone():
+    model = tiny_model("llama")
+    install_runtime_attention(model)
+    head = random_prompt(5, seed=2)
+    bodies = [random_prompt(20, seed=3 + i) for i in range(3)]
+    prefix, placed = _placed(model, head, bodies, [2, 0, 1])
+    tail = random_prompt(6, seed=9)
+    cold = _kv(model, prefix, 0)
+    # the probe sees the assembled prefix but appends nothing to it
+    layers = [(k.clone(), v.clone()) for k, v in cold]
+    hidden = torch.zeros(len(prefix), dtype=torch.bool)
+    hidden[[5, 26, 47]] = True
+    score = question_attention(model, KWARG, layers, tail, hidden)
+    assert score.shape == (len(prefix),) and _max_diff(layers, cold) == 0
+    assert (score[hidden] == 0).all() and (score[~hidden] > 0).all()
+    # every query head of every layer spreads one unit per tail token over prefix and tail
+    heads = model.config.num_attention_heads * model.config.num_hidden_layers
+    assert 0 < float(score.sum()) < heads * len(tail) + 1e-3
+    asked = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "question", tail)
+    assert asked.selected == 15 and len(asked.recomputed) == 18
+    blended = _assemble(model, _kv(model, head, 0), placed, len(prefix))
+    expected = question_attention(model, KWARG, blended, tail, hidden)
+    body = torch.tensor([p for p in range(len(head), len(prefix)) if not hidden[p]])
+    top = set(body[expected[body].topk(15).indices].tolist())
+    assert set(asked.recomputed) == top | {5, 26, 47}
+    both = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "both", tail)
+    assert both.selected == 15 and len(both.recomputed) == 18
+    # the whole share is the cold prefix whatever the selection; no tail: by deviation
+    full = blend_prefix(model, KWARG, prefix, len(head), placed, 1.0, "question", tail)
+    assert _max_diff(full.layers, cold) < 1e-4
+    by_dev = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "deviation")
+    assert blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "question").recomputed == (
+        by_dev.recomputed
+    )
+    with pytest.raises(ValueError, match="selection"):
+        blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "random", tail)
 
 
 # -- the tier, on a tiny model through the engine -------------------------------------

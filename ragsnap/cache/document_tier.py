@@ -28,7 +28,7 @@ from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import KIND_DOCUMENT, deserialize_prefix, serialize_prefix
 from ragsnap.cache.store import EntryKey
 from ragsnap.prompt import encode_user_text
-from ragsnap.runtime.blend import BlendResult, PlacedPiece
+from ragsnap.runtime.blend import DEFAULT_SELECTION, SELECTIONS, BlendResult, PlacedPiece
 
 if TYPE_CHECKING:
     from ragsnap.models import LoadedModel
@@ -66,7 +66,13 @@ class DocumentRunner(Protocol):
     ) -> list[Layers]: ...
 
     def blend_prefix(
-        self, prefix_ids: Sequence[int], head_len: int, pieces: Sequence[PlacedPiece], share: float
+        self,
+        prefix_ids: Sequence[int],
+        head_len: int,
+        pieces: Sequence[PlacedPiece],
+        share: float,
+        select: str = ...,
+        probe_ids: Sequence[int] = ...,
     ) -> BlendResult: ...
 
 
@@ -93,10 +99,18 @@ class Assembled:
 class DocumentTier:
     """Per-document pieces of ``owner``'s store (its get/put/drop never raise)."""
 
-    def __init__(self, owner: TierOwner, runner: DocumentRunner, share: float) -> None:
+    def __init__(
+        self,
+        owner: TierOwner,
+        runner: DocumentRunner,
+        share: float,
+        select: str = DEFAULT_SELECTION,
+    ) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"the recompute share must be in [0, 1], got {share}")
-        self.owner, self.runner, self.share = owner, runner, share
+        if select not in SELECTIONS:
+            raise ValueError(f"unknown recompute selection {select!r}; one of {SELECTIONS}")
+        self.owner, self.runner, self.share, self.select = owner, runner, share, select
 
     def slots(self, layout: PromptLayout, namespace: str | None) -> list[DocumentSlot | None]:
         """Per document, its slot; None where its label does not tokenize apart from the body."""
@@ -158,7 +172,12 @@ class DocumentTier:
             report.pending.append((slot.key, self._payload(slot, _constant(layers))))
         placed = [PlacedPiece(found[s.index], head_len, s.start) for s in usable]
         blend = self.runner.blend_prefix(
-            layout.input_ids[: layout.prefix_len], head_len, placed, self.share
+            layout.input_ids[: layout.prefix_len],
+            head_len,
+            placed,
+            self.share,
+            self.select,
+            layout.input_ids[layout.prefix_len :],
         )
         report.reused_documents = len(found) - len(missing)
         return Assembled(

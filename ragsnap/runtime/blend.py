@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ragsnap.runtime.attention import StepMask, step_masks
+from ragsnap.runtime.blend_select import question_attention
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_from_layers
 from ragsnap.runtime.prefill import forward_chunk
@@ -31,6 +32,10 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # the layer whose fresh-vs-reused KV deviation ranks tokens (CacheBlend uses the first
 # layer after an attention pass: layer 0's KV depends on the token alone)
 SELECT_LAYER = 1
+# how the recomputed body tokens are chosen: by layer-SELECT_LAYER KV deviation
+# (CacheBlend), by the question tail's attention (blend_select), or half by each
+SELECTIONS = ("deviation", "question", "both")
+DEFAULT_SELECTION = "deviation"
 
 
 @dataclass(frozen=True)
@@ -191,6 +196,27 @@ def recompute(
         )
 
 
+def _by_deviation(
+    model: Any,
+    cache_kwarg: str,
+    prefix_ids: Sequence[int],
+    head: Layers,
+    layers: Layers,
+    head_len: int,
+) -> torch.Tensor:
+    """``[P]``: each position's layer-``SELECT_LAYER`` deviation (0 in the head)."""
+    fresh = _fresh_select_layer(model, cache_kwarg, prefix_ids, head, head_len)
+    k, v = layers[SELECT_LAYER]
+    score = torch.zeros(len(prefix_ids))
+    score[head_len:] = deviation(fresh, (k[:, :, head_len:], v[:, :, head_len:])).cpu()
+    return score
+
+
+def _top(score: torch.Tensor, candidates: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``count`` positions of ``candidates`` (``[n]`` long) with the highest ``score``."""
+    return candidates[score[candidates].topk(min(count, len(candidates))).indices]
+
+
 @torch.inference_mode()
 def blend_prefix(
     model: Any,
@@ -199,13 +225,22 @@ def blend_prefix(
     head_len: int,
     pieces: Sequence[PlacedPiece],
     share: float,
+    select: str = DEFAULT_SELECTION,
+    probe_ids: Sequence[int] = (),
 ) -> BlendResult:
     """The KV of ``prefix_ids`` (``[1, Hkv, P, D]`` per layer) from reused ``pieces``.
 
     Positions ``[0, head_len)`` are computed fresh; every position in ``[head_len, P)``
     that no piece covers is recomputed, and so is the top ``share`` of covered positions
-    by :func:`deviation` at layer ``SELECT_LAYER`` (all of them when ``share >= 1``).
+    (all of them when ``share >= 1``), ranked per ``select``: ``"deviation"`` at layer
+    ``SELECT_LAYER``, ``"question"`` by the attention ``probe_ids`` (the prompt's tail
+    after the prefix) pay them over the assembled prefix, ``"both"`` half by each.
+    Without ``probe_ids`` every selection ranks by deviation.
     """
+    if select not in SELECTIONS:
+        raise ValueError(f"unknown recompute selection {select!r}; one of {', '.join(SELECTIONS)}")
+    if not probe_ids:
+        select = "deviation"
     length = len(prefix_ids)
     head = model_cache(model)
     forward_chunk(model, cache_kwarg, prefix_ids[:head_len], head, 0)
@@ -216,18 +251,21 @@ def blend_prefix(
         covered[piece.start : piece.start + piece.length] = True
     covered[:head_len] = False
     body = covered.nonzero().flatten()
+    redo = ~covered
+    redo[:head_len] = False
     chosen = torch.zeros(length, dtype=torch.bool)
     count = min(len(body), math.ceil(share * len(body) - 1e-9)) if share > 0 else 0
     if count >= len(body):
         chosen[body] = True
     elif count > 0:
-        fresh = _fresh_select_layer(model, cache_kwarg, prefix_ids, head_layers, head_len)
-        k, v = layers[SELECT_LAYER]
-        score = deviation(fresh, (k[:, :, head_len:], v[:, :, head_len:])).cpu()
-        ranked = score[body - head_len].topk(count).indices
-        chosen[body[ranked]] = True
-    redo = ~covered
-    redo[:head_len] = False
+        by_question = {"deviation": 0, "question": count, "both": count // 2}[select]
+        if by_question:
+            asked = question_attention(model, cache_kwarg, layers, probe_ids, redo)
+            chosen[_top(asked, body, by_question)] = True
+        if by_question < count:
+            score = _by_deviation(model, cache_kwarg, prefix_ids, head_layers, layers, head_len)
+            rest = body[~chosen[body]]
+            chosen[_top(score, rest, count - by_question)] = True
     at = (redo | chosen).nonzero().flatten().tolist()
     if at:
         recompute(model, cache_kwarg, prefix_ids, layers, at)

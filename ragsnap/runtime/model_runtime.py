@@ -121,10 +121,13 @@ class ModelRuntime:
         head_len: int,
         pieces: Sequence[_blend.PlacedPiece],
         share: float,
+        select: str = _blend.DEFAULT_SELECTION,
+        probe_ids: Sequence[int] = (),
     ) -> _blend.BlendResult:
-        """The prefix KV assembled from ``pieces`` with ``share`` of their tokens recomputed."""
+        """The prefix KV assembled from ``pieces`` with ``share`` of their tokens recomputed,
+        chosen per ``select`` (``probe_ids``: the prompt's tail, for question selection)."""
         return _blend.blend_prefix(
-            self.model, self.cache_kwarg, prefix_ids, head_len, pieces, share
+            self.model, self.cache_kwarg, prefix_ids, head_len, pieces, share, select, probe_ids
         )
 
     def forward(self, token_ids: Sequence[int], cache: Any, start: int) -> torch.Tensor:
