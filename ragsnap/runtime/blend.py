@@ -6,8 +6,10 @@ head, not the document's first token, is the attention sink it learned), at posi
 (keys re-encoded by :mod:`ragsnap.runtime.reencode`), computes the head fresh, and then
 recomputes a chosen set of tokens through every layer with the whole assembled context:
 the tokens never cached (each document's ``[n]`` label, whose number depends on the order)
-and the ``share`` of body tokens whose reused KV deviates most from a fresh computation at
-an early layer (CacheBlend, arXiv 2405.16444, picks by KV deviation at layer 1). Each
+and a ``share`` of the body tokens: by default those the question (the prompt's tail) attends
+to most over the assembled prefix (:mod:`ragsnap.runtime.blend_select`), or those whose
+reused KV deviates most from a fresh computation at an early layer (CacheBlend, arXiv
+2405.16444, picks by KV deviation at layer 1), or half by each. Each
 recomputed token's new KV overwrites the reused one in every layer before attention runs,
 so with ``share = 1`` every document token is recomputed: the cold prefix.
 """
@@ -32,10 +34,11 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # the layer whose fresh-vs-reused KV deviation ranks tokens (CacheBlend uses the first
 # layer after an attention pass: layer 0's KV depends on the token alone)
 SELECT_LAYER = 1
-# how the recomputed body tokens are chosen: by layer-SELECT_LAYER KV deviation
-# (CacheBlend), by the question tail's attention (blend_select), or half by each
-SELECTIONS = ("deviation", "question", "both")
-DEFAULT_SELECTION = "deviation"
+# how the recomputed body tokens are chosen: by the question tail's attention
+# (blend_select; the default: lower KL at the same share on the embedded model, see
+# docs/results.md), by layer-SELECT_LAYER KV deviation (CacheBlend), or half by each
+SELECTIONS = ("question", "deviation", "both")
+DEFAULT_SELECTION = "question"
 
 
 @dataclass(frozen=True)
