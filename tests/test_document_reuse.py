@@ -3,6 +3,7 @@ entries shared across questions and orders but never across namespaces or damage
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -335,3 +336,45 @@ def test_pieces_in_redis_carry_the_store_ttl_and_are_reused(redis_server):
     done = list(eng.stream("t8", DOCS[:3][::-1], OPTS, namespace=namespace))[-1]
     assert (done.stats.cache_tier, done.stats.reused_documents) == ("documents", 3)
     assert done.stats.cache_bytes_read > 0
+
+
+@pytest.mark.model
+def test_bench_reuse_serves_every_share_from_the_tier(engine, tmp_path, capsys, monkeypatch):
+    from ragsnap.cli import main
+
+    monkeypatch.setattr(
+        RagSnapEngine, "load", classmethod(lambda cls, *a, **kw: cls(engine.loaded))
+    )
+    rng = random.Random(5)
+    topics = ["river", "castle", "comet", "violin", "glacier", "harbor"]
+    records = [
+        {
+            "question": f"What is said about the {topic}?",
+            "title_a": topic.title(),
+            "para_a": [
+                f"The {topic} number {rng.randint(1, 999)} lies {rng.randint(2, 90)} miles "
+                f"from the {rng.choice(topics)}. "
+                for _ in range(25)
+            ],
+            "para_b": [],
+            "distractors": [],
+        }
+        for topic in topics
+    ]
+    data = tmp_path / "hotpot.json"
+    data.write_text(json.dumps(records))
+    argv = ["bench", "reuse", "--data", str(data), "--pool", "4", "--docs", "2"]
+    argv += ["--questions", "2", "--context", "512", "--budget", "64", "--max-new-tokens", "4"]
+    argv += ["--shares", "0,0.5,1", "--select", "question,deviation", "--json"]
+    assert main(argv) == 0  # a share the tier did not serve is an error
+    out = json.loads(capsys.readouterr().out)
+    assert out["questions"] == 2 and out["select"] == ["question", "deviation"]
+    shares = out["shares"]
+    assert set(shares) == {"0.0", "question@0.5", "deviation@0.5", "1.0"}
+    recomputed = [shares[k]["recomputed_tokens_mean"] for k in ("0.0", "question@0.5", "1.0")]
+    assert recomputed[0] < recomputed[1] < recomputed[2]
+    assert (
+        shares["question@0.5"]["recomputed_tokens_mean"]
+        == (shares["deviation@0.5"]["recomputed_tokens_mean"])
+    )
+    assert shares["0.0"]["kl_over_concat"] == 1.0
