@@ -24,6 +24,7 @@ from ragsnap.runtime.blend import (
     _fresh_select_layer,
     blend_prefix,
     document_pieces,
+    head_kv,
     model_cache,
 )
 from ragsnap.runtime.blend_select import question_attention
@@ -141,6 +142,23 @@ def test_question_selection_ranks_by_the_tails_attention_and_leaves_the_kv_alone
         blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "random", tail)
 
 
+def test_a_kept_head_blends_as_a_fresh_one():
+    model = tiny_model("llama")
+    install_runtime_attention(model)
+    head = random_prompt(5, seed=2)
+    bodies = [random_prompt(20, seed=3 + i) for i in range(3)]
+    prefix, placed = _placed(model, head, bodies, [1, 2, 0])
+    tail = random_prompt(6, seed=9)
+    kept = head_kv(model, KWARG, head)
+    before = [(k.clone(), v.clone()) for k, v in kept]
+    fresh = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "question", tail)
+    again = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "question", tail, kept)
+    assert again.recomputed == fresh.recomputed and _max_diff(again.layers, fresh.layers) < 1e-6
+    assert _max_diff(kept, before) == 0  # blending leaves the kept head as it was
+    pieces = document_pieces(model, KWARG, head, bodies, kept)
+    assert _max_diff(pieces[0], document_pieces(model, KWARG, head, bodies)[0]) < 1e-6
+
+
 # -- the tier, on a tiny model through the engine -------------------------------------
 
 
@@ -195,6 +213,16 @@ def test_entries_are_shared_across_questions_and_orders(tmp_path):
     assert len(_doc_files(tmp_path)) == 4
     exact = eng.answer("t8 t9", [DOCS[2], DOCS[0], DOCS[1]], OPTS).stats
     assert (exact.cache, exact.cache_tier) == ("hit", "exact")  # exact hit first
+    # the prompt head's KV is computed once by the tier and kept for later assemblies
+    assert eng.tiers is not None and eng.tiers.documents is not None
+    eng.tiers.documents._head = None
+    heads: list[tuple[int, ...]] = []
+    compute_head = eng.runtime.head_kv
+    eng.runtime.head_kv = lambda ids: heads.append(tuple(ids)) or compute_head(ids)  # type: ignore[method-assign]
+    for question, order in (("t3 t4", [1, 3, 2]), ("t5 t2", [2, 1, 3])):
+        later = eng.answer(question, [DOCS[i] for i in order], OPTS).stats
+        assert later.cache_tier == "documents"
+    assert len(heads) == 1
 
 
 def test_full_share_answers_as_the_cold_run(tmp_path):

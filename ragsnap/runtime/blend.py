@@ -78,13 +78,25 @@ class _StopForward(Exception):
 
 
 @torch.inference_mode()
-def document_pieces(
-    model: Any, cache_kwarg: str, head_ids: Sequence[int], bodies: Sequence[Sequence[int]]
-) -> list[Layers]:
-    """Each body's KV computed after the head alone, ``[1, Hkv, n_i, D]`` per layer."""
+def head_kv(model: Any, cache_kwarg: str, head_ids: Sequence[int]) -> Layers:
+    """The prompt head's KV at positions ``0 ..``, ``[1, Hkv, len(head_ids), D]`` per layer
+    (never changed in place by the functions here: a caller may keep and pass it again)."""
     head = model_cache(model)
     forward_chunk(model, cache_kwarg, head_ids, head, 0)
-    head_layers = [(layer.keys, layer.values) for layer in head.layers]
+    return [(layer.keys, layer.values) for layer in head.layers]
+
+
+@torch.inference_mode()
+def document_pieces(
+    model: Any,
+    cache_kwarg: str,
+    head_ids: Sequence[int],
+    bodies: Sequence[Sequence[int]],
+    head: Layers | None = None,
+) -> list[Layers]:
+    """Each body's KV computed after the head alone, ``[1, Hkv, n_i, D]`` per layer
+    (``head``: :func:`head_kv` of ``head_ids`` when the caller has it)."""
+    head_layers = head if head is not None else head_kv(model, cache_kwarg, head_ids)
     base = len(head_ids)
     pieces = []
     for body in bodies:
@@ -230,6 +242,7 @@ def blend_prefix(
     share: float,
     select: str = DEFAULT_SELECTION,
     probe_ids: Sequence[int] = (),
+    head: Layers | None = None,
 ) -> BlendResult:
     """The KV of ``prefix_ids`` (``[1, Hkv, P, D]`` per layer) from reused ``pieces``.
 
@@ -238,16 +251,15 @@ def blend_prefix(
     (all of them when ``share >= 1``), ranked per ``select``: ``"deviation"`` at layer
     ``SELECT_LAYER``, ``"question"`` by the attention ``probe_ids`` (the prompt's tail
     after the prefix) pay them over the assembled prefix, ``"both"`` half by each.
-    Without ``probe_ids`` every selection ranks by deviation.
+    Without ``probe_ids`` every selection ranks by deviation. ``head``: :func:`head_kv` of
+    ``prefix_ids[:head_len]`` when the caller keeps it (one forward pass saved).
     """
     if select not in SELECTIONS:
         raise ValueError(f"unknown recompute selection {select!r}; one of {', '.join(SELECTIONS)}")
     if not probe_ids:
         select = "deviation"
     length = len(prefix_ids)
-    head = model_cache(model)
-    forward_chunk(model, cache_kwarg, prefix_ids[:head_len], head, 0)
-    head_layers = [(layer.keys, layer.values) for layer in head.layers]
+    head_layers = head if head is not None else head_kv(model, cache_kwarg, prefix_ids[:head_len])
     layers = _assemble(model, head_layers, pieces, length)
     covered = torch.zeros(length, dtype=torch.bool)
     for piece in pieces:
