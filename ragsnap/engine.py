@@ -40,6 +40,7 @@ from ragsnap.kept import DocumentKeptTokens, document_kept_tokens
 from ragsnap.lookup import prompt_focus
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
 from ragsnap.prompt import ChatContext, PromptLayout, assemble_prompt
+from ragsnap.runtime.blend import DEFAULT_SELECTION
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
 from ragsnap.runtime.model_runtime import ModelRuntime
 from ragsnap.runtime.prefill import PrefillResult
@@ -121,11 +122,14 @@ class RagSnapEngine:
         prefill_chunk: int | None = None,
         document_cache: bool = False,
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
+        recompute_select: str = DEFAULT_SELECTION,
     ) -> None:
         """``store`` keeps compressed prompt caches (None or a ``none`` store: caching off);
         ``prefix_cache`` also keeps the full KV of document prefixes for new questions;
         ``document_cache`` keeps each document's KV for new combinations and orders of them,
-        recomputing ``recompute_share`` of their tokens with the full context;
+        recomputing ``recompute_share`` of their tokens with the full context, chosen per
+        ``recompute_select`` (``"question"``: by the question's attention, ``"deviation"``:
+        CacheBlend's layer-1 KV deviation, ``"both"``);
         ``storage_dtype`` (e.g. ``"bfloat16"``) stores KV smaller than the model computes it;
         ``prefill_chunk`` prefills in chunks of that many tokens (None: one pass)."""
         self.loaded = loaded
@@ -148,6 +152,7 @@ class RagSnapEngine:
                 storage_dtype=dtype,
                 document_cache=document_cache,
                 recompute_share=recompute_share,
+                recompute_select=recompute_select,
             )
 
     @classmethod

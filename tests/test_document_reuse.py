@@ -3,6 +3,7 @@ entries shared across questions and orders but never across namespaces or damage
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -19,11 +20,14 @@ from ragsnap.models import LoadedModel
 from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.blend import (
     PlacedPiece,
+    _assemble,
     _fresh_select_layer,
     blend_prefix,
     document_pieces,
+    head_kv,
     model_cache,
 )
+from ragsnap.runtime.blend_select import question_attention
 from ragsnap.runtime.prefill import forward_chunk
 from ragsnap.runtime.reencode import reencode_support, shift_layers
 from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_model, tiny_tokenizer
@@ -100,6 +104,61 @@ def test_full_recompute_is_the_cold_prefix_and_shares_grow():
     assert errors[0] > errors[2]
 
 
+def test_question_selection_ranks_by_the_tails_attention_and_leaves_the_kv_alone():
+    model = tiny_model("llama")
+    install_runtime_attention(model)
+    head = random_prompt(5, seed=2)
+    bodies = [random_prompt(20, seed=3 + i) for i in range(3)]
+    prefix, placed = _placed(model, head, bodies, [2, 0, 1])
+    tail = random_prompt(6, seed=9)
+    cold = _kv(model, prefix, 0)
+    # the probe sees the assembled prefix but appends nothing to it
+    layers = [(k.clone(), v.clone()) for k, v in cold]
+    hidden = torch.zeros(len(prefix), dtype=torch.bool)
+    hidden[[5, 26, 47]] = True
+    score = question_attention(model, KWARG, layers, tail, hidden)
+    assert score.shape == (len(prefix),) and _max_diff(layers, cold) == 0
+    assert (score[hidden] == 0).all() and (score[~hidden] > 0).all()
+    # every query head of every layer spreads one unit per tail token over prefix and tail
+    heads = model.config.num_attention_heads * model.config.num_hidden_layers
+    assert 0 < float(score.sum()) < heads * len(tail) + 1e-3
+    asked = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "question", tail)
+    assert asked.selected == 15 and len(asked.recomputed) == 18
+    blended = _assemble(model, _kv(model, head, 0), placed, len(prefix))
+    expected = question_attention(model, KWARG, blended, tail, hidden)
+    body = torch.tensor([p for p in range(len(head), len(prefix)) if not hidden[p]])
+    top = set(body[expected[body].topk(15).indices].tolist())
+    assert set(asked.recomputed) == top | {5, 26, 47}
+    both = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "both", tail)
+    assert both.selected == 15 and len(both.recomputed) == 18
+    # the whole share is the cold prefix whatever the selection; no tail: by deviation
+    full = blend_prefix(model, KWARG, prefix, len(head), placed, 1.0, "question", tail)
+    assert _max_diff(full.layers, cold) < 1e-4
+    by_dev = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "deviation")
+    assert blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "question").recomputed == (
+        by_dev.recomputed
+    )
+    with pytest.raises(ValueError, match="selection"):
+        blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "random", tail)
+
+
+def test_a_kept_head_blends_as_a_fresh_one():
+    model = tiny_model("llama")
+    install_runtime_attention(model)
+    head = random_prompt(5, seed=2)
+    bodies = [random_prompt(20, seed=3 + i) for i in range(3)]
+    prefix, placed = _placed(model, head, bodies, [1, 2, 0])
+    tail = random_prompt(6, seed=9)
+    kept = head_kv(model, KWARG, head)
+    before = [(k.clone(), v.clone()) for k, v in kept]
+    fresh = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "question", tail)
+    again = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "question", tail, kept)
+    assert again.recomputed == fresh.recomputed and _max_diff(again.layers, fresh.layers) < 1e-6
+    assert _max_diff(kept, before) == 0  # blending leaves the kept head as it was
+    pieces = document_pieces(model, KWARG, head, bodies, kept)
+    assert _max_diff(pieces[0], document_pieces(model, KWARG, head, bodies)[0]) < 1e-6
+
+
 # -- the tier, on a tiny model through the engine -------------------------------------
 
 
@@ -154,6 +213,16 @@ def test_entries_are_shared_across_questions_and_orders(tmp_path):
     assert len(_doc_files(tmp_path)) == 4
     exact = eng.answer("t8 t9", [DOCS[2], DOCS[0], DOCS[1]], OPTS).stats
     assert (exact.cache, exact.cache_tier) == ("hit", "exact")  # exact hit first
+    # the prompt head's KV is computed once by the tier and kept for later assemblies
+    assert eng.tiers is not None and eng.tiers.documents is not None
+    eng.tiers.documents._head = None
+    heads: list[tuple[int, ...]] = []
+    compute_head = eng.runtime.head_kv
+    eng.runtime.head_kv = lambda ids: heads.append(tuple(ids)) or compute_head(ids)  # type: ignore[method-assign]
+    for question, order in (("t3 t4", [1, 3, 2]), ("t5 t2", [2, 1, 3])):
+        later = eng.answer(question, [DOCS[i] for i in order], OPTS).stats
+        assert later.cache_tier == "documents"
+    assert len(heads) == 1
 
 
 def test_full_share_answers_as_the_cold_run(tmp_path):
@@ -295,3 +364,45 @@ def test_pieces_in_redis_carry_the_store_ttl_and_are_reused(redis_server):
     done = list(eng.stream("t8", DOCS[:3][::-1], OPTS, namespace=namespace))[-1]
     assert (done.stats.cache_tier, done.stats.reused_documents) == ("documents", 3)
     assert done.stats.cache_bytes_read > 0
+
+
+@pytest.mark.model
+def test_bench_reuse_serves_every_share_from_the_tier(engine, tmp_path, capsys, monkeypatch):
+    from ragsnap.cli import main
+
+    monkeypatch.setattr(
+        RagSnapEngine, "load", classmethod(lambda cls, *a, **kw: cls(engine.loaded))
+    )
+    rng = random.Random(5)
+    topics = ["river", "castle", "comet", "violin", "glacier", "harbor"]
+    records = [
+        {
+            "question": f"What is said about the {topic}?",
+            "title_a": topic.title(),
+            "para_a": [
+                f"The {topic} number {rng.randint(1, 999)} lies {rng.randint(2, 90)} miles "
+                f"from the {rng.choice(topics)}. "
+                for _ in range(25)
+            ],
+            "para_b": [],
+            "distractors": [],
+        }
+        for topic in topics
+    ]
+    data = tmp_path / "hotpot.json"
+    data.write_text(json.dumps(records))
+    argv = ["bench", "reuse", "--data", str(data), "--pool", "4", "--docs", "2"]
+    argv += ["--questions", "2", "--context", "512", "--budget", "64", "--max-new-tokens", "4"]
+    argv += ["--shares", "0,0.5,1", "--select", "question,deviation", "--json"]
+    assert main(argv) == 0  # a share the tier did not serve is an error
+    out = json.loads(capsys.readouterr().out)
+    assert out["questions"] == 2 and out["select"] == ["question", "deviation"]
+    shares = out["shares"]
+    assert set(shares) == {"0.0", "question@0.5", "deviation@0.5", "1.0"}
+    recomputed = [shares[k]["recomputed_tokens_mean"] for k in ("0.0", "question@0.5", "1.0")]
+    assert recomputed[0] < recomputed[1] < recomputed[2]
+    assert (
+        shares["question@0.5"]["recomputed_tokens_mean"]
+        == (shares["deviation@0.5"]["recomputed_tokens_mean"])
+    )
+    assert shares["0.0"]["kl_over_concat"] == 1.0

@@ -26,8 +26,10 @@ from typing import Any
 
 import torch
 
+from ragsnap.cli.options import add_dtype_option
 from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
+from ragsnap.runtime.blend import DEFAULT_SELECTION, SELECTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--questions", type=int, default=30, help="questions (half are needles)")
     parser.add_argument("--context", type=int, default=4096, help="prompt length in tokens")
     parser.add_argument("--shares", default="0,0.15,0.3,1", help="recompute shares to measure")
+    parser.add_argument(
+        "--select",
+        default=DEFAULT_SELECTION,
+        help=f"how recomputed tokens are chosen, comma-separated to compare: {', '.join(SELECTIONS)}",
+    )
     parser.add_argument("--budget", type=int, default=512, help="tokens kept per KV head")
     parser.add_argument("--press", default="snapkv", help="the press (default snapkv)")
     parser.add_argument("--window", type=int, help="observation window of the press")
@@ -53,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--model", default="embedded", help="'embedded', a Hugging Face id or a path"
     )
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda...")
+    add_dtype_option(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -124,18 +132,39 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     shares = sorted({float(s) for s in args.shares.split(",") if s.strip()})
     if not shares or min(shares) < 0 or max(shares) > 1 or args.docs < 2 or args.pool < args.docs:
         raise ConfigError("need shares in [0, 1], --docs >= 2 and --pool >= --docs")
+    selects = list(dict.fromkeys(s.strip() for s in args.select.split(",") if s.strip()))
+    if not selects or set(selects) - set(SELECTIONS):
+        raise ConfigError(f"--select takes {', '.join(SELECTIONS)}", field="select")
+    # shares 0 and 1 choose nothing: one variant each; the others once per selection
+    variants = [
+        (share, select)
+        for share in shares
+        for select in (selects if 0 < share < 1 else selects[:1])
+    ]
+
+    def name(share: float, select: str) -> str:
+        return f"{select}@{share}" if len(selects) > 1 and 0 < share < 1 else str(share)
+
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(args.model, device=args.device)
+        engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype)
     runtime, tokenizer = engine.runtime, engine.tokenizer
     press = make_press(args.press, budget=args.budget, window=args.window)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     scratch = tempfile.TemporaryDirectory(prefix="ragsnap-bench-reuse-")
     store = open_store(f"file://{scratch.name}")
     tiers = {
-        s: CachedPrefill(runtime, engine.loaded, store, prefix_cache=False, recompute_share=s)
-        for s in shares
+        name(share, select): CachedPrefill(
+            runtime,
+            engine.loaded,
+            store,
+            prefix_cache=False,
+            document_cache=True,
+            recompute_share=share,
+            recompute_select=select,
+        )
+        for share, select in variants
     }
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
     frame = assemble_prompt(tokenizer, "q", [], max_prompt_tokens=args.context).num_tokens
@@ -148,7 +177,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         )
 
     # read the pool once, as earlier traffic would: each passage's piece is stored
-    first = tiers[shares[0]]
+    first = next(iter(tiers.values()))
     started = time.perf_counter()
     for i in range(0, len(pool), args.docs):
         group = [p["doc"] for p in pool[i : i + args.docs]]
@@ -214,17 +243,19 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
             "question %d: cold %.2fs, %s",
             q + 1,
             cold_s,
-            {s: round(row[s]["ttft_s"], 2) for s in shares},
+            {s: round(row[s]["ttft_s"], 2) for s in tiers},
         )
     store.close()
     scratch.cleanup()
     needles = [r for r in rows if r["needle"]]
-    base_kl = statistics.fmean(r[shares[0]]["kl"] for r in rows) if shares[0] == 0 else None
+    base_kl = statistics.fmean(r["0.0"]["kl"] for r in rows) if shares[0] == 0 else None
     result: dict[str, Any] = {
         "model": engine.loaded.model_id,
         "device": str(engine.loaded.device),
+        "dtype": str(next(engine.loaded.model.parameters()).dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "press": press.config(),
+        "select": selects,
         "questions": len(rows),
         "pool": args.pool,
         "docs_per_prompt": args.docs,
@@ -234,7 +265,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         "needle_found_cold": _rate(r["cold_found"] for r in needles),
         "shares": {},
     }
-    for share in shares:
+    for share in tiers:
         stats = [r[share] for r in rows]
         kl = statistics.fmean(s["kl"] for s in stats)
         result["shares"][str(share)] = {
@@ -252,8 +283,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        for name, value in result.items():
-            print(f"{name:>24}: {value}")
+        for field, value in result.items():
+            print(f"{field:>24}: {value}")
     return 0
 
 

@@ -40,6 +40,7 @@ from ragsnap.compression import Press
 from ragsnap.compression.lookup_focus import uses_focus
 from ragsnap.lookup import prompt_focus
 from ragsnap.models import LoadedModel
+from ragsnap.runtime.blend import DEFAULT_SELECTION
 from ragsnap.runtime.kv import cache_nbytes
 from ragsnap.runtime.prefill import PrefillResult, window_floor
 from ragsnap.structure import prompt_roles
@@ -90,15 +91,21 @@ class CachedPrefill:
         storage_dtype: torch.dtype | None = None,
         document_cache: bool = False,
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
+        recompute_select: str = DEFAULT_SELECTION,
     ) -> None:
         """``document_cache`` keeps each document's KV for prompts that combine them anew,
-        recomputing ``recompute_share`` of their tokens (0: plain concatenation)."""
+        recomputing ``recompute_share`` of their tokens (0: plain concatenation), chosen
+        per ``recompute_select`` (see :func:`ragsnap.runtime.blend.blend_prefix`)."""
         self.runner = runner
         self.loaded = loaded
         self.store = store
         self.prefix_cache = prefix_cache
         self.storage_dtype = storage_dtype
-        self.documents = DocumentTier(self, runner, recompute_share) if document_cache else None
+        self.documents = (
+            DocumentTier(self, runner, recompute_share, recompute_select)
+            if document_cache
+            else None
+        )
 
     # -- keys -------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import KIND_DOCUMENT, deserialize_prefix, serialize_prefix
 from ragsnap.cache.store import EntryKey
 from ragsnap.prompt import encode_user_text
-from ragsnap.runtime.blend import BlendResult, PlacedPiece
+from ragsnap.runtime.blend import DEFAULT_SELECTION, SELECTIONS, BlendResult, PlacedPiece
 
 if TYPE_CHECKING:
     from ragsnap.models import LoadedModel
@@ -61,12 +61,21 @@ class DocumentRunner(Protocol):
 
     def blend_support(self) -> str | None: ...
 
+    def head_kv(self, head_ids: Sequence[int]) -> Layers: ...
+
     def document_pieces(
-        self, head_ids: Sequence[int], bodies: Sequence[Sequence[int]]
+        self, head_ids: Sequence[int], bodies: Sequence[Sequence[int]], head: Layers | None = ...
     ) -> list[Layers]: ...
 
     def blend_prefix(
-        self, prefix_ids: Sequence[int], head_len: int, pieces: Sequence[PlacedPiece], share: float
+        self,
+        prefix_ids: Sequence[int],
+        head_len: int,
+        pieces: Sequence[PlacedPiece],
+        share: float,
+        select: str = ...,
+        probe_ids: Sequence[int] = ...,
+        head: Layers | None = ...,
     ) -> BlendResult: ...
 
 
@@ -93,10 +102,29 @@ class Assembled:
 class DocumentTier:
     """Per-document pieces of ``owner``'s store (its get/put/drop never raise)."""
 
-    def __init__(self, owner: TierOwner, runner: DocumentRunner, share: float) -> None:
+    def __init__(
+        self,
+        owner: TierOwner,
+        runner: DocumentRunner,
+        share: float,
+        select: str = DEFAULT_SELECTION,
+    ) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"the recompute share must be in [0, 1], got {share}")
-        self.owner, self.runner, self.share = owner, runner, share
+        if select not in SELECTIONS:
+            raise ValueError(f"unknown recompute selection {select!r}; one of {SELECTIONS}")
+        self.owner, self.runner, self.share, self.select = owner, runner, share, select
+        # the last prompt head's KV: every prompt of a template starts with the same head
+        self._head: tuple[tuple[int, ...], Layers] | None = None
+
+    def head(self, head_ids: Sequence[int]) -> Layers:
+        """The KV of ``head_ids``, computed once per distinct head (one forward saved)."""
+        kept, ids = self._head, tuple(head_ids)
+        if kept is not None and kept[0] == ids:
+            return kept[1]
+        layers = self.runner.head_kv(ids)
+        self._head = (ids, layers)  # one assignment: a concurrent reader sees old or new
+        return layers
 
     def slots(self, layout: PromptLayout, namespace: str | None) -> list[DocumentSlot | None]:
         """Per document, its slot; None where its label does not tokenize apart from the body."""
@@ -152,13 +180,24 @@ class DocumentTier:
             return None
         head_len = layout.doc_spans[0][0]
         head = layout.input_ids[:head_len]
-        computed = self.runner.document_pieces(head, [s.body for s in missing]) if missing else []
+        head_layers = self.head(head)
+        computed = (
+            self.runner.document_pieces(head, [s.body for s in missing], head_layers)
+            if missing
+            else []
+        )
         for slot, layers in zip(missing, computed, strict=True):
             found[slot.index] = layers
             report.pending.append((slot.key, self._payload(slot, _constant(layers))))
         placed = [PlacedPiece(found[s.index], head_len, s.start) for s in usable]
         blend = self.runner.blend_prefix(
-            layout.input_ids[: layout.prefix_len], head_len, placed, self.share
+            layout.input_ids[: layout.prefix_len],
+            head_len,
+            placed,
+            self.share,
+            self.select,
+            layout.input_ids[layout.prefix_len :],
+            head_layers,
         )
         report.reused_documents = len(found) - len(missing)
         return Assembled(
@@ -209,7 +248,8 @@ class DocumentTier:
 
         def pieces() -> list[Layers]:
             if not computed:  # one pass for all of them, on the first write
-                computed.extend(self.runner.document_pieces(head, [s.body for s in missing]))
+                bodies = [s.body for s in missing]
+                computed.extend(self.runner.document_pieces(head, bodies, self.head(head)))
             return computed
 
         for i, slot in enumerate(missing):

@@ -6,8 +6,10 @@ head, not the document's first token, is the attention sink it learned), at posi
 (keys re-encoded by :mod:`ragsnap.runtime.reencode`), computes the head fresh, and then
 recomputes a chosen set of tokens through every layer with the whole assembled context:
 the tokens never cached (each document's ``[n]`` label, whose number depends on the order)
-and the ``share`` of body tokens whose reused KV deviates most from a fresh computation at
-an early layer (CacheBlend, arXiv 2405.16444, picks by KV deviation at layer 1). Each
+and a ``share`` of the body tokens: by default those the question (the prompt's tail) attends
+to most over the assembled prefix (:mod:`ragsnap.runtime.blend_select`), or those whose
+reused KV deviates most from a fresh computation at an early layer (CacheBlend, arXiv
+2405.16444, picks by KV deviation at layer 1), or half by each. Each
 recomputed token's new KV overwrites the reused one in every layer before attention runs,
 so with ``share = 1`` every document token is recomputed: the cold prefix.
 """
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from ragsnap.runtime.attention import StepMask, step_masks
+from ragsnap.runtime.blend_select import question_attention
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_from_layers
 from ragsnap.runtime.prefill import forward_chunk
@@ -31,6 +34,11 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # the layer whose fresh-vs-reused KV deviation ranks tokens (CacheBlend uses the first
 # layer after an attention pass: layer 0's KV depends on the token alone)
 SELECT_LAYER = 1
+# how the recomputed body tokens are chosen: by the question tail's attention
+# (blend_select; the default: lower KL at the same share on the embedded model, see
+# docs/results.md), by layer-SELECT_LAYER KV deviation (CacheBlend), or half by each
+SELECTIONS = ("question", "deviation", "both")
+DEFAULT_SELECTION = "question"
 
 
 @dataclass(frozen=True)
@@ -70,13 +78,25 @@ class _StopForward(Exception):
 
 
 @torch.inference_mode()
-def document_pieces(
-    model: Any, cache_kwarg: str, head_ids: Sequence[int], bodies: Sequence[Sequence[int]]
-) -> list[Layers]:
-    """Each body's KV computed after the head alone, ``[1, Hkv, n_i, D]`` per layer."""
+def head_kv(model: Any, cache_kwarg: str, head_ids: Sequence[int]) -> Layers:
+    """The prompt head's KV at positions ``0 ..``, ``[1, Hkv, len(head_ids), D]`` per layer
+    (never changed in place by the functions here: a caller may keep and pass it again)."""
     head = model_cache(model)
     forward_chunk(model, cache_kwarg, head_ids, head, 0)
-    head_layers = [(layer.keys, layer.values) for layer in head.layers]
+    return [(layer.keys, layer.values) for layer in head.layers]
+
+
+@torch.inference_mode()
+def document_pieces(
+    model: Any,
+    cache_kwarg: str,
+    head_ids: Sequence[int],
+    bodies: Sequence[Sequence[int]],
+    head: Layers | None = None,
+) -> list[Layers]:
+    """Each body's KV computed after the head alone, ``[1, Hkv, n_i, D]`` per layer
+    (``head``: :func:`head_kv` of ``head_ids`` when the caller has it)."""
+    head_layers = head if head is not None else head_kv(model, cache_kwarg, head_ids)
     base = len(head_ids)
     pieces = []
     for body in bodies:
@@ -191,6 +211,27 @@ def recompute(
         )
 
 
+def _by_deviation(
+    model: Any,
+    cache_kwarg: str,
+    prefix_ids: Sequence[int],
+    head: Layers,
+    layers: Layers,
+    head_len: int,
+) -> torch.Tensor:
+    """``[P]``: each position's layer-``SELECT_LAYER`` deviation (0 in the head)."""
+    fresh = _fresh_select_layer(model, cache_kwarg, prefix_ids, head, head_len)
+    k, v = layers[SELECT_LAYER]
+    score = torch.zeros(len(prefix_ids))
+    score[head_len:] = deviation(fresh, (k[:, :, head_len:], v[:, :, head_len:])).cpu()
+    return score
+
+
+def _top(score: torch.Tensor, candidates: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``count`` positions of ``candidates`` (``[n]`` long) with the highest ``score``."""
+    return candidates[score[candidates].topk(min(count, len(candidates))).indices]
+
+
 @torch.inference_mode()
 def blend_prefix(
     model: Any,
@@ -199,35 +240,47 @@ def blend_prefix(
     head_len: int,
     pieces: Sequence[PlacedPiece],
     share: float,
+    select: str = DEFAULT_SELECTION,
+    probe_ids: Sequence[int] = (),
+    head: Layers | None = None,
 ) -> BlendResult:
     """The KV of ``prefix_ids`` (``[1, Hkv, P, D]`` per layer) from reused ``pieces``.
 
     Positions ``[0, head_len)`` are computed fresh; every position in ``[head_len, P)``
     that no piece covers is recomputed, and so is the top ``share`` of covered positions
-    by :func:`deviation` at layer ``SELECT_LAYER`` (all of them when ``share >= 1``).
+    (all of them when ``share >= 1``), ranked per ``select``: ``"deviation"`` at layer
+    ``SELECT_LAYER``, ``"question"`` by the attention ``probe_ids`` (the prompt's tail
+    after the prefix) pay them over the assembled prefix, ``"both"`` half by each.
+    Without ``probe_ids`` every selection ranks by deviation. ``head``: :func:`head_kv` of
+    ``prefix_ids[:head_len]`` when the caller keeps it (one forward pass saved).
     """
+    if select not in SELECTIONS:
+        raise ValueError(f"unknown recompute selection {select!r}; one of {', '.join(SELECTIONS)}")
+    if not probe_ids:
+        select = "deviation"
     length = len(prefix_ids)
-    head = model_cache(model)
-    forward_chunk(model, cache_kwarg, prefix_ids[:head_len], head, 0)
-    head_layers = [(layer.keys, layer.values) for layer in head.layers]
+    head_layers = head if head is not None else head_kv(model, cache_kwarg, prefix_ids[:head_len])
     layers = _assemble(model, head_layers, pieces, length)
     covered = torch.zeros(length, dtype=torch.bool)
     for piece in pieces:
         covered[piece.start : piece.start + piece.length] = True
     covered[:head_len] = False
     body = covered.nonzero().flatten()
+    redo = ~covered
+    redo[:head_len] = False
     chosen = torch.zeros(length, dtype=torch.bool)
     count = min(len(body), math.ceil(share * len(body) - 1e-9)) if share > 0 else 0
     if count >= len(body):
         chosen[body] = True
     elif count > 0:
-        fresh = _fresh_select_layer(model, cache_kwarg, prefix_ids, head_layers, head_len)
-        k, v = layers[SELECT_LAYER]
-        score = deviation(fresh, (k[:, :, head_len:], v[:, :, head_len:])).cpu()
-        ranked = score[body - head_len].topk(count).indices
-        chosen[body[ranked]] = True
-    redo = ~covered
-    redo[:head_len] = False
+        by_question = {"deviation": 0, "question": count, "both": count // 2}[select]
+        if by_question:
+            asked = question_attention(model, cache_kwarg, layers, probe_ids, redo)
+            chosen[_top(asked, body, by_question)] = True
+        if by_question < count:
+            score = _by_deviation(model, cache_kwarg, prefix_ids, head_layers, layers, head_len)
+            rest = body[~chosen[body]]
+            chosen[_top(score, rest, count - by_question)] = True
     at = (redo | chosen).nonzero().flatten().tolist()
     if at:
         recompute(model, cache_kwarg, prefix_ids, layers, at)

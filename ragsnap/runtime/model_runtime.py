@@ -109,11 +109,18 @@ class ModelRuntime:
         """None when prompts can be assembled from per-document KV, else why not."""
         return _blend.blend_support(self.model)
 
+    def head_kv(self, head_ids: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The prompt head's KV (``[1, Hkv, len(head_ids), D]`` per layer), to keep and reuse."""
+        return _blend.head_kv(self.model, self.cache_kwarg, head_ids)
+
     def document_pieces(
-        self, head_ids: Sequence[int], bodies: Sequence[Sequence[int]]
+        self,
+        head_ids: Sequence[int],
+        bodies: Sequence[Sequence[int]],
+        head: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
         """Each body's full KV computed right after ``head_ids`` (see ``runtime.blend``)."""
-        return _blend.document_pieces(self.model, self.cache_kwarg, head_ids, bodies)
+        return _blend.document_pieces(self.model, self.cache_kwarg, head_ids, bodies, head)
 
     def blend_prefix(
         self,
@@ -121,10 +128,22 @@ class ModelRuntime:
         head_len: int,
         pieces: Sequence[_blend.PlacedPiece],
         share: float,
+        select: str = _blend.DEFAULT_SELECTION,
+        probe_ids: Sequence[int] = (),
+        head: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> _blend.BlendResult:
-        """The prefix KV assembled from ``pieces`` with ``share`` of their tokens recomputed."""
+        """The prefix KV assembled from ``pieces`` with ``share`` of their tokens recomputed,
+        chosen per ``select`` (``probe_ids``: the prompt's tail, for question selection)."""
         return _blend.blend_prefix(
-            self.model, self.cache_kwarg, prefix_ids, head_len, pieces, share
+            self.model,
+            self.cache_kwarg,
+            prefix_ids,
+            head_len,
+            pieces,
+            share,
+            select,
+            probe_ids,
+            head,
         )
 
     def forward(self, token_ids: Sequence[int], cache: Any, start: int) -> torch.Tensor:

@@ -1,0 +1,60 @@
+"""Which reused document tokens to recompute: by the question's attention to them.
+
+CacheBlend ranks tokens by how far their reused KV deviates from a fresh computation at
+an early layer (:func:`ragsnap.runtime.blend.deviation`). A query-aware alternative asks
+the question instead: run the prompt's tail (the question and what follows it) once over
+the assembled, not yet corrected, prefix and rank each document token by the attention
+the tail pays it, summed over heads, tail tokens and layers. Those are the tokens the
+answer reads and a window press keeps, so correcting them is where fidelity is bought.
+The probe's own KV is discarded; the tail is prefilled again after the recompute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ragsnap.runtime.attention import StepMask, observe_attention, step_masks
+from ragsnap.runtime.kv import cache_from_layers
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@torch.inference_mode()
+def question_attention(
+    model: Any,
+    cache_kwarg: str,
+    layers: Layers,
+    probe_ids: Sequence[int],
+    hidden: torch.Tensor,
+) -> torch.Tensor:
+    """``[P]`` float32: attention the tail ``probe_ids`` (at positions ``P ..``) pays each
+    prefix position of ``layers`` (``[1, Hkv, P, D]`` per layer, left unchanged), summed
+    over layers, query heads and tail tokens. ``hidden`` (``[P]`` bool) marks positions
+    whose KV is not filled yet: the probe does not see them and their score is 0."""
+    device = layers[0][0].device
+    length, q = int(layers[0][0].shape[2]), len(probe_ids)
+    visible = torch.ones(q, length + q, dtype=torch.bool, device=device)
+    visible[:, :length] &= ~hidden.to(device).view(1, -1)
+    visible[:, length:] = torch.ones(q, q, dtype=torch.bool, device=device).tril()
+    mask = torch.zeros(visible.shape, dtype=layers[0][0].dtype, device=device)
+    mask = mask.masked_fill_(~visible, float("-inf")).view(1, 1, q, length + q)
+    step = StepMask(mask, (length + q,))
+    score = torch.zeros(length, dtype=torch.float32, device=device)
+
+    def observe(layer: int, probs: torch.Tensor) -> None:  # probs [1, Hq, q, P + q]
+        score.add_(probs[0, :, :, :length].sum(dim=(0, 1)))
+
+    cache = cache_from_layers(model.config, layers)  # the probe appends copies: layers intact
+    positions = torch.arange(length, length + q, device=device).view(1, -1)
+    with step_masks(dict.fromkeys(range(len(layers)), step)), observe_attention(observe):
+        model(
+            input_ids=torch.tensor([list(probe_ids)], device=device),
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kwarg: cache},
+        )
+    return score.cpu()
