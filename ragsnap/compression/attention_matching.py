@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ragsnap.compression.base import CompressedLayer, LayerContext, Press
+from ragsnap.compression.base import CompressedLayer, LayerContext, Press, WrapperPress
 from ragsnap.compression.snapkv import SnapKVPress, window_attention
 from ragsnap.errors import ConfigError
 
@@ -88,7 +88,7 @@ def refit_values(
 
 
 @dataclass
-class AttentionMatchingPress(Press):
+class AttentionMatchingPress(WrapperPress):
     """Wrap a press: keep what it keeps, then fit a logit bias and refit the kept values."""
 
     name = "attnmatch"
@@ -101,15 +101,6 @@ class AttentionMatchingPress(Press):
             raise ConfigError(f"ridge must be positive, got {self.ridge}", field="ridge")
         if self.mass_iterations < 0:
             raise ConfigError("mass_iterations must be >= 0", field="mass_iterations")
-
-    @property
-    def window_only(self) -> bool:  # type: ignore[override]
-        return self.base.window_only
-
-    @property
-    def window(self) -> int:
-        """The base press's observation window: the reference queries, kept exact (0: none)."""
-        return int(getattr(self.base, "window", 0))
 
     def config(self) -> dict[str, Any]:
         return {

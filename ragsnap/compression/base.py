@@ -184,6 +184,22 @@ class Press(ABC):
         return {"press": self.name, **values}
 
 
+class WrapperPress(Press):
+    """A press around another one, ``self.base`` (a dataclass field of each subclass): its
+    observation window, and whether only that window votes, are the base press's."""
+
+    base: Press
+
+    @property
+    def window_only(self) -> bool:  # type: ignore[override]
+        return self.base.window_only
+
+    @property
+    def window(self) -> int:
+        """The base press's observation window (0 when it has none)."""
+        return int(getattr(self.base, "window", 0))
+
+
 @dataclass
 class ScorerPress(Press):
     """Keep the highest-scoring positions plus the last ``window`` positions of the prompt.

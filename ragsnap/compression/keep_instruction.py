@@ -11,12 +11,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ragsnap.compression.base import CompressedLayer, LayerContext, Press
+from ragsnap.compression.base import CompressedLayer, LayerContext, Press, WrapperPress
 from ragsnap.compression.roles import TokenRole
 
 
 @dataclass
-class KeepInstructionPress(Press):
+class KeepInstructionPress(WrapperPress):
     """Wrap any press: the instruction positions are kept first, the budget stays the same.
 
     The positions travel as ``LayerContext.protected``, which the shared top-k
@@ -26,14 +26,6 @@ class KeepInstructionPress(Press):
 
     name = "keep-instruction"
     base: Press
-
-    @property
-    def window_only(self) -> bool:  # type: ignore[override]
-        return self.base.window_only
-
-    @property
-    def window(self) -> int:
-        return int(getattr(self.base, "window", 0))
 
     def config(self) -> dict[str, Any]:
         return {**self.base.config(), "keep_instruction": True}

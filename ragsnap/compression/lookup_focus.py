@@ -13,12 +13,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ragsnap.compression.base import CompressedLayer, LayerContext, Press
+from ragsnap.compression.base import CompressedLayer, LayerContext, Press, WrapperPress
 from ragsnap.errors import ConfigError
 
 
 @dataclass
-class LookupFocusPress(Press):
+class LookupFocusPress(WrapperPress):
     """Wrap any press: positions of the named record rank first, tier by tier, inside the
     same budget.
 
@@ -39,14 +39,6 @@ class LookupFocusPress(Press):
     def __post_init__(self) -> None:
         if not 1 <= self.from_tier <= 4:
             raise ConfigError(f"from_tier must be in 1..4, got {self.from_tier}", field="from_tier")
-
-    @property
-    def window_only(self) -> bool:  # type: ignore[override]
-        return self.base.window_only
-
-    @property
-    def window(self) -> int:
-        return int(getattr(self.base, "window", 0))
 
     def config(self) -> dict[str, Any]:
         return {**self.base.config(), "lookup": True, "from_tier": self.from_tier}

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from ragsnap.compression.base import (
     CompressedLayer,
     LayerContext,
-    Press,
     ScorerPress,
+    WrapperPress,
     keep_all,
     prioritize,
 )
@@ -90,7 +90,7 @@ def allocate_quotas(counts: Sequence[int], shares: Sequence[float], slots: int) 
 
 
 @dataclass
-class RoleBudgetPress(Press):
+class RoleBudgetPress(WrapperPress):
     """Wrap a scorer press: per-role quotas of the budget, top tokens by score inside each role.
 
     ``base`` scores the prefix (SnapKV's windowed, max-pooled votes by default; a
@@ -128,14 +128,6 @@ class RoleBudgetPress(Press):
     def shares(self) -> tuple[float, ...]:
         """Shares in :data:`ROLES` order."""
         return (self.value_share, self.delim_share, self.other_share, self.ws_share, self.key_share)
-
-    @property
-    def window_only(self) -> bool:  # type: ignore[override]
-        return self.base.window_only
-
-    @property
-    def window(self) -> int:
-        return self.base.window
 
     def layer_budget(self, layer: LayerContext) -> int:
         return self.base.layer_budget(layer)

@@ -16,8 +16,8 @@ import torch
 from ragsnap.compression.base import (
     CompressedLayer,
     LayerContext,
-    Press,
     ScorerPress,
+    WrapperPress,
     keep_all,
     keep_top,
     protect,
@@ -28,7 +28,7 @@ from ragsnap.errors import ConfigError
 
 
 @dataclass
-class SpanCompletionPress(Press):
+class SpanCompletionPress(WrapperPress):
     """Wrap a scorer press: scores run forward along whitespace-delimited words, then top-k.
 
     Words longer than ``max_word_tokens`` are completed in pieces of that size. Entries
@@ -43,14 +43,6 @@ class SpanCompletionPress(Press):
     def __post_init__(self) -> None:
         if self.max_word_tokens < 1:
             raise ConfigError("max_word_tokens must be at least 1", field="max_word_tokens")
-
-    @property
-    def window_only(self) -> bool:  # type: ignore[override]
-        return self.base.window_only
-
-    @property
-    def window(self) -> int:
-        return self.base.window
 
     def config(self) -> dict[str, Any]:
         return {**self.base.config(), "press": self.name, "max_word_tokens": self.max_word_tokens}
