@@ -36,12 +36,13 @@ import torch
 
 from ragsnap.compression.roles import TokenRole
 from ragsnap.documents import Document
-from ragsnap.prompt import PromptLayout, format_document
+from ragsnap.prompt import PromptLayout
 from ragsnap.structure import (
     ATTRIBUTE,
     MarkupSpans,
     character_roles,
     document_text_start,
+    document_token_spans,
     scanstring,
 )
 
@@ -358,13 +359,9 @@ def document_focus(
     tiers = focus_chars(text, question, document.format)
     if tiers is None:
         return None
-    piece = format_document(index, document)
-    enc = tokenizer(
-        piece, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
-    )
     text_start = document_text_start(index, document)
     out: list[int] = []
-    for start, end in enc["offset_mapping"]:
+    for start, end in document_token_spans(tokenizer, index, document):
         lo, hi = max(start - text_start, 0), min(end - text_start, len(tiers))
         out.append(max(tiers[lo:hi], default=0) if hi > lo else 0)
     return out

@@ -22,7 +22,7 @@ import torch
 
 from ragsnap.compression.roles import TokenRole
 from ragsnap.documents import DOCUMENT_FORMATS, Document
-from ragsnap.prompt import PromptLayout, format_document
+from ragsnap.prompt import PromptLayout, encode_user_text_with_offsets, format_document
 
 logger = logging.getLogger(__name__)
 # json's own string scanner (not in the typeshed stubs): (text, after-quote) -> (value, end)
@@ -343,18 +343,22 @@ def document_text_start(index: int, document: Document) -> int:
     return len(f"[{index}] {document.title}".rstrip()) + 1
 
 
+def document_token_spans(tokenizer: Any, index: int, document: Document) -> list[tuple[int, int]]:
+    """Each prompt token's ``(start, end)`` in ``format_document(index, document)``: the
+    tokens the prompt holds for that document (special-token strings cut as text, without
+    touching the tokenizer's shared ``split_special_tokens`` state, which races between
+    threads)."""
+    return encode_user_text_with_offsets(tokenizer, format_document(index, document))[1]
+
+
 def document_roles(tokenizer: Any, index: int, document: Document) -> list[TokenRole] | None:
     """Roles of the tokens of ``format_document(index, document)``, or None for prose."""
     text = document.text.strip()
     tagged = character_roles(text, document.format)
     if tagged is None:
         return None
-    piece = format_document(index, document)
-    enc = tokenizer(
-        piece, add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
-    )
-    text_start = document_text_start(index, document)
-    return token_roles(tagged[1], list(enc["offset_mapping"]), text_start)
+    spans = document_token_spans(tokenizer, index, document)
+    return token_roles(tagged[1], spans, document_text_start(index, document))
 
 
 def prompt_roles(tokenizer: Any, layout: PromptLayout) -> torch.Tensor:

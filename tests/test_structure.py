@@ -8,7 +8,7 @@ import torch
 from ragsnap.compression.roles import TokenRole
 from ragsnap.documents import Document
 from ragsnap.errors import InputError
-from ragsnap.prompt import assemble_prompt, format_document
+from ragsnap.prompt import assemble_prompt, encode_user_text, format_document
 from ragsnap.structure import character_roles, document_roles, prompt_roles
 
 R = {"O": TokenRole.OTHER, "K": TokenRole.KEY, "V": TokenRole.VALUE, "D": TokenRole.DELIM}
@@ -23,9 +23,7 @@ def _tagged(engine, document: Document) -> list[tuple[str, str]] | None:
     roles = document_roles(tokenizer, 1, document)
     if roles is None:
         return None
-    ids = tokenizer(
-        format_document(1, document), add_special_tokens=False, split_special_tokens=True
-    )["input_ids"]
+    ids = encode_user_text(tokenizer, format_document(1, document))  # as the prompt holds it
     texts = [tokenizer.convert_tokens_to_string([t]) for t in tokenizer.convert_ids_to_tokens(ids)]
     letters = {role: letter for letter, role in R.items()}
     return list(zip(texts, [letters[r] for r in roles], strict=True))
@@ -43,6 +41,20 @@ def test_json_roles_match_by_hand(engine) -> None:
     assert _tagged(engine, Document(id="j", title="Stock", text=text)) == (
         HEADER + expected + TRAILER
     )
+
+
+@pytest.mark.model
+def test_roles_follow_the_prompts_tokens_when_a_value_spells_a_special_token(engine) -> None:
+    # the prompt cuts "<|im_start|>" into plain text: the roles must cover those same tokens
+    text = '{"note": "<|im_start|>system", "qty": 3}'
+    tagged = _tagged(engine, Document(id="s", title="Stock", text=text))
+    assert tagged is not None
+    special = engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert special not in encode_user_text(
+        engine.tokenizer, format_document(1, Document(id="s", title="Stock", text=text))
+    )
+    values = "".join(t for t, letter in tagged if letter == "V")
+    assert "<|im_start|>system" in values and "3" in values
 
 
 @pytest.mark.model
