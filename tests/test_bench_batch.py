@@ -57,8 +57,20 @@ def test_bench_batch_compares_packed_and_dense_linears(monkeypatch, capsys) -> N
     engine.runtime.model.to(torch.bfloat16)
     linears = pack_linears(engine.runtime.model)
     monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+    import ragsnap.bench.batch as batch
+
+    layouts, real = [], batch.timed_batch
+
+    def timed(engine_, prefills, steps):  # which layout each timed run decoded with
+        packed = sum(isinstance(m, PackedLinear) for m in engine_.runtime.model.modules())
+        layouts.append("packed" if packed == linears else "dense" if packed == 0 else "mixed")
+        return real(engine_, prefills, steps)
+
+    monkeypatch.setattr(batch, "timed_batch", timed)
     args = ["bench", "batch", "--concurrency", "1,2", "--context", "120", "--budget", "48"]
     assert main([*args, "--decode-tokens", "2", "--repeats", "1", "--compare-linears"]) == 0
+    # the throughput runs, then per concurrency one packed and one dense run
+    assert layouts[-4:] == ["packed", "packed", "dense", "dense"]
     report = json.loads(capsys.readouterr().out)
     assert [r["concurrency"] for r in report["linears"]] == [1, 2]
     assert all(
