@@ -5,6 +5,14 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that uses the embedded engine, directly or through another fixture,
+    carries the ``model`` marker, so ``-m "not model"`` never loads the model."""
+    for item in items:
+        if "engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.model)
+
+
 @pytest.fixture(scope="session")
 def engine():
     """The real engine on the embedded SmolLM2-135M-Instruct model (CPU)."""
