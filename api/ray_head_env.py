@@ -16,6 +16,17 @@ ingress replica per node (the application has one).
 so on a machine shared with other work an engine replica decodes slower than the same
 engine in a plain process: measured here under a load average of 4-5, 13-16% slower at
 nice 15 and 3-8% at nice 0 (``RAY_worker_niceness=0``, :data:`FULL_PRIORITY`).
+
+**A slow start.** Serve gives its HTTP proxy 5 s to come up, then kills it, and
+``serve.start`` fails with ``ActorDiedError`` although a second proxy would have made it:
+on a 2-core machine under load its worker process does not start in 5 s. A local head
+gives it a minute (:data:`SLOW_START`).
+
+**Quiet control loops.** Serve's controller checks every deployment 10 times a second, and
+the replicas and handles export their metrics every 100 ms: 15% of a core with nothing to
+do on a one-replica application (CPU seconds of Ray's processes over 20 idle seconds:
+2.96). :data:`QUIET` checks twice a second and exports once a second (2.05; docs/results.md,
+"Ray Serve's added latency"); a dead replica is still noticed within a second.
 """
 
 from __future__ import annotations
@@ -26,12 +37,19 @@ from contextlib import contextmanager
 
 ENABLE = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 FULL_PRIORITY = {"RAY_worker_niceness": "0"}
+SLOW_START = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+QUIET = {
+    "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+    "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000",
+}
 
 
 def local_head_env(direct_port: int | None) -> dict[str, str]:
-    """What ``ragsnap serve --ray`` and ``ragsnap bench overhead`` start a local head with:
-    :data:`FULL_PRIORITY`, and direct ingress on ``direct_port`` unless it is None."""
-    return {**FULL_PRIORITY, **(direct_ingress_env(direct_port) if direct_port else {})}
+    """What ``ragsnap serve --ray``, ``ragsnap bench overhead`` and the tests start a local
+    head with: :data:`FULL_PRIORITY`, :data:`SLOW_START`, :data:`QUIET`, and direct ingress
+    on ``direct_port`` unless it is None."""
+    direct = direct_ingress_env(direct_port) if direct_port else {}
+    return {**FULL_PRIORITY, **SLOW_START, **QUIET, **direct}
 
 
 def direct_ingress_env(port: int, draining_s: float = 2.0) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """A local Ray cluster with the ragsnap Serve application deployed from ``deploy/serve.yaml``.
 
-The head runs with direct ingress (the ingress replica's own HTTP server on ``url``, as
-``ragsnap serve --ray`` does); Serve's HTTP proxy answers on ``proxy_url`` too.
+The head starts with the environment ``ragsnap serve --ray`` gives a local head
+(:func:`ragsnap.api.ray_head_env.local_head_env`: direct ingress, the ingress replica's own
+HTTP server on ``url``; a minute for the proxy to start); Serve's HTTP proxy answers on
+``proxy_url`` too.
 
 One cluster and one application serve every Ray test of a run (starting them costs
 about half a minute on two cores); the fixture that starts them shuts them down.
@@ -69,10 +71,10 @@ def ray_app(settings: dict[str, Any], headers: dict[str, str], **args: Any) -> I
     from ray._common.utils import import_attr
     from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 
-    from ragsnap.api.ray_head_env import direct_ingress_env
+    from ragsnap.api.ray_head_env import local_head_env
 
     direct_port = free_port()
-    env = {**RAY_ENV, **direct_ingress_env(direct_port)}
+    env = {**RAY_ENV, **local_head_env(direct_port)}
     saved = {k: os.environ.get(k) for k in (*env, "RAY_ADDRESS")}
     os.environ.update(env)
     os.environ.pop("RAY_ADDRESS", None)  # a local cluster of our own, never the user's

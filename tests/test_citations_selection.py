@@ -18,8 +18,8 @@ DOCS = [
 ]
 
 
-def _cited(scores, weights, question=()):
-    return [[d for d, _ in picks] for picks in select_from_scores(scores, weights, question)]
+def _cited(scores, weights, question=(), named=()):
+    return [[d for d, _ in picks] for picks in select_from_scores(scores, weights, question, named)]
 
 
 def test_question_relevance_ranks_documents_as_the_bm25_retriever_does():
@@ -41,6 +41,9 @@ def test_the_relative_gap_cites_a_clear_winner_alone_and_a_close_second_too():
     assert _cited([[0.9, 0.5, 0.85, 0.0]], weights) == [[0, 2]]
     no_gap = AttributionWeights(1.0, 0.0, 0.0, threshold=0.2, top_k=3)
     assert _cited([[0.9, 0.5, 0.3, 0.0]], no_gap) == [[0, 1, 2]]
+    # the gap is the answer's: a weak sentence's best is no citation beside a strong one
+    assert _cited([[0.9, 0.0, 0.0, 0.0], [0.0, 0.5, 0.0, 0.0]], weights) == [[0], []]
+    assert _cited([[0.9, 0.0, 0.0, 0.0], [0.0, 0.5, 0.0, 0.0]], no_gap) == [[0], [1]]
 
 
 def test_the_anchor_cites_the_questions_best_document_first_and_caps_keep_it():
@@ -58,10 +61,55 @@ def test_the_anchor_cites_the_questions_best_document_first_and_caps_keep_it():
     assert _cited(scores, anchored, [0.0] * 4) == [[2], [3]]
 
 
+def test_a_flat_question_prior_anchors_every_document_nearly_as_relevant():
+    scores = [[0.0, 0.0, 0.0, 0.0]]
+    question = [0.75, 1.0, 0.2, 0.8]
+    one = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, anchor=True, max_documents=None)
+    assert _cited(scores, one, question) == [[1]]
+    flat = AttributionWeights(
+        1.0, 0.0, 0.0, threshold=0.5, anchor=True, anchor_ratio=0.7, max_documents=None
+    )
+    assert _cited(scores, flat, question) == [[1, 3, 0]]  # by relevance; 0.2 < 0.7 x 1.0
+    capped = AttributionWeights(
+        1.0, 0.0, 0.0, threshold=0.5, anchor=True, anchor_ratio=0.7, max_documents=2
+    )
+    assert _cited(scores, capped, question) == [[1, 3]]
+
+
+def test_documents_the_question_names_are_the_anchors_when_it_names_any():
+    scores = [[0.0, 0.0, 0.9, 0.0]]
+    question = [1.0, 0.4, 0.3, 0.5]  # BM25 prefers document 0
+    named = [False, True, False, True]
+    weights = AttributionWeights(
+        1.0, 0.0, 0.0, threshold=0.5, anchor=True, named_anchors=True, max_documents=None
+    )
+    assert _cited(scores, weights, question, named) == [[1, 3, 2]]
+    # a question that names no document falls back to the BM25 anchor
+    assert _cited(scores, weights, question, [False] * 4) == [[0, 2]]
+    plain = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, anchor=True, max_documents=None)
+    assert _cited(scores, plain, question, named) == [[0, 2]]
+
+
+def test_titles_are_named_as_whole_words_without_their_disambiguation():
+    from ragsnap.citations.overlap import titles_named
+
+    question = "Which band formed first, Duran Duran or The Fratellis?"
+    titles = ["Duran Duran", "Notorious (Duran Duran song)", "The Fratellis", "Duran", "Fra"]
+    assert titles_named(question, titles) == [True, False, True, True, False]
+    assert titles_named("Is 1802 a year?", ["1802", "a", "Year (calendar)"]) == [
+        False,  # digits only
+        False,  # too short
+        True,
+    ]
+    assert titles_named("What is C++ used for?", ["C++", "C"]) == [True, False]
+
+
 @pytest.mark.parametrize(
     "bad",
     [
         {"ratio": 1.5},
+        {"anchor_ratio": 1.2},
+        {"anchor_ratio": -0.1},
         {"threshold": -0.1},
         {"overlap": float("nan")},
         {"top_k": 0},

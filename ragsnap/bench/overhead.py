@@ -8,8 +8,9 @@ in-process server, the ingress replica's own port (``ray``) and Serve's HTTP pro
 hits (no prefill in the timings). Reported, in milliseconds, for ``ray`` (and under
 ``via_proxy`` for ``ray_proxy``):
 
-- ``per_request_ms``: median latency of a whole (non-streamed) one-token answer, Ray
-  minus in-process;
+- ``per_request_ms``: latency of a whole (non-streamed) one-token answer, Ray minus
+  in-process (the median of the differences within a round: both see the same moment's
+  machine);
 - ``per_chunk_ms``: the streamed answer of ``--tokens`` tokens, Ray minus in-process,
   less the same difference for a one-token stream, divided by the extra tokens;
 - ``decode_ms_per_token``: the engines' own decode speed in the long streams (their
@@ -78,8 +79,15 @@ def _medians(urls: dict[str, str], body: dict[str, Any], rounds: int) -> dict[st
             times[name].append(elapsed)
             if ms is not None:
                 decode[name].append(ms)
+    first = next(iter(urls))
     summary: dict[str, Any] = {
         "median_s": {name: round(statistics.median(t), 5) for name, t in times.items()},
+        # per round, each path's time minus the first path's: paired, so a slow moment of
+        # the machine cancels out
+        "median_gap_s": {
+            name: round(statistics.median(a - b for a, b in zip(t, times[first], strict=True)), 5)
+            for name, t in times.items()
+        },
         "tokens": tokens,
     }
     if all(decode.values()):  # one-token answers have no decode speed
@@ -146,7 +154,7 @@ def summarize(
     args: argparse.Namespace, whole: dict[str, Any], short: dict[str, Any], long: dict[str, Any]
 ) -> dict[str, Any]:
     def gap(run: dict[str, Any], path: str) -> float:
-        return float(run["median_s"][path] - run["median_s"]["in_process"])
+        return float(run["median_gap_s"][path])
 
     def added(path: str) -> dict[str, float]:
         extra_tokens = max(1, long["tokens"][path] - short["tokens"][path])

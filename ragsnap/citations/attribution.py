@@ -9,10 +9,11 @@ Two kinds of evidence, per (answer sentence, document):
   averaged over the layers and heads the runtime recomputed;
 
 plus a question prior (the document's BM25 relevance to the question, as the retriever
-computes it). The score is a weighted sum; a sentence cites the documents that reach
-``threshold`` and ``ratio`` times its best score (at most ``top_k``), the answer at most
-``max_documents``, and with ``anchor`` the question's most relevant document too. The
-weights and the rule are calibrated on held-out items
+computes it) and whether the question names the document by its title. The score is a
+weighted sum; a sentence cites the documents that reach ``threshold`` (at most ``top_k``),
+the answer those within ``ratio`` of its best score and at most ``max_documents``, and with
+``anchor`` the documents the question is about too. The weights and the rule are calibrated
+on held-out items
 (``ragsnap.eval.citation_calibration``; docs/results.md, "Citation attribution").
 """
 
@@ -20,14 +21,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ragsnap.citations.markers import marker_numbers_in
 from ragsnap.citations.model import Citation, Quote
-from ragsnap.citations.overlap import SentenceIndex, question_relevance
+from ragsnap.citations.overlap import SentenceIndex, question_relevance, titles_named
 from ragsnap.citations.quotes import DocumentSentence, span_keep_share
 from ragsnap.citations.sentences import Sentence, content_words, split_sentences
 from ragsnap.documents import Document
@@ -42,12 +43,16 @@ class AttributionWeights:
     attribution").
 
     Per answer sentence, a document's score is the weighted sum of its evidence; the
-    sentence cites the documents that reach ``threshold`` and ``ratio`` times the
-    sentence's best score (a relative gap: a clear winner is cited alone), at most
-    ``top_k`` of them; the answer cites at most ``max_documents`` in all (its
-    best-scoring ones). With ``anchor``, the document the question is most relevant to
-    (BM25) is cited for the first sentence whatever its score, on top of those: the
-    question names what the answer is about, the answer's evidence finds the rest."""
+    sentence cites the documents that reach ``threshold``, at most ``top_k`` of them. The
+    answer keeps those within ``ratio`` times its best score (a relative gap: a clear
+    winner is cited alone) and at most ``max_documents`` in all (its best-scoring ones).
+
+    With ``anchor``, the documents the question is about are cited for the first sentence
+    whatever their score, on top of those: the question names what the answer is about,
+    the answer's evidence finds the rest. They are the document the question is most
+    relevant to (BM25) and, with ``anchor_ratio``, every document at least that share as
+    relevant (a flat prior: several documents answer the question); with ``named_anchors``,
+    the documents the question names by title instead, when it names any."""
 
     overlap: float = 0.5
     attention: float = 0.0  # no say: the engine skips the attention pass
@@ -55,14 +60,20 @@ class AttributionWeights:
     threshold: float = 0.25
     top_k: int = 2
     max_documents: int | None = 3  # cap for the whole answer (its best-scoring documents)
-    ratio: float = 0.0  # a document is cited only within this share of the sentence's best
+    ratio: float = 0.0  # a document is cited only within this share of the answer's best
     anchor: bool = True  # the question's most relevant document is cited for sentence 1
+    anchor_ratio: float | None = None  # and those at least this share as relevant
+    named_anchors: bool = False  # the documents the question names by title, when any
 
     def __post_init__(self) -> None:
         values = (self.overlap, self.attention, self.question, self.threshold, self.ratio)
-        if any(not math.isfinite(v) or v < 0 for v in values) or self.ratio > 1:
+        shares = (self.ratio, 1.0 if self.anchor_ratio is None else self.anchor_ratio)
+        if any(not math.isfinite(v) or v < 0 for v in values) or not all(
+            0 <= v <= 1 for v in shares
+        ):
             raise ConfigError(
-                "attribution weights and threshold must be finite and >= 0, ratio in [0, 1]",
+                "attribution weights and threshold must be finite and >= 0, "
+                "ratio and anchor_ratio in [0, 1]",
                 field="citations",
             )
         if self.top_k < 1 or (self.max_documents is not None and self.max_documents < 1):
@@ -83,8 +94,9 @@ class Evidence:
     """The evidence matrices of one answer over ``D`` documents and ``S`` answer sentences.
 
     ``overlap[s][d]``, ``attention[s][d]`` (None without attention) and ``question[d]`` are
-    in [0, 1]; ``quote[s][d]`` is the index (into ``doc_sentences[d]``) of the document
-    sentence that supports sentence ``s`` best, or -1.
+    in [0, 1]; ``named[d]``: the question names document ``d`` by its title;
+    ``quote[s][d]`` is the index (into ``doc_sentences[d]``) of the document sentence that
+    supports sentence ``s`` best, or -1.
     """
 
     sentences: list[Sentence]
@@ -93,6 +105,7 @@ class Evidence:
     question: list[float]
     quote: list[list[int]]
     quote_score: list[list[float]]
+    named: list[bool] = field(default_factory=list)
 
     def scores(self, weights: AttributionWeights) -> list[list[float]]:
         """``[S][D]`` combined scores."""
@@ -115,6 +128,7 @@ class Evidence:
             "overlap": r(self.overlap),
             "attention": None if self.attention is None else r(self.attention),
             "question": [round(v, 4) for v in self.question],
+            "named": list(self.named),
         }
 
 
@@ -209,42 +223,66 @@ def gather_evidence(
         quote.append(pick)
         quote_score.append(pick_score)
     relevance = question_relevance(question, [f"{d.title}\n{d.text}" for d in documents])
-    return Evidence(sentences, overlap, attn_rel, relevance, quote, quote_score)
+    named = titles_named(question, [d.title for d in documents])
+    return Evidence(sentences, overlap, attn_rel, relevance, quote, quote_score, named)
 
 
 def select_documents(
     evidence: Evidence, weights: AttributionWeights
 ) -> list[list[tuple[int, float]]]:
-    """Per answer sentence, the ``(doc, score)`` pairs that reach the threshold and the
-    ratio of the sentence's best, best first (at most ``top_k`` per sentence, and
-    ``max_documents`` different ones in all)."""
-    return select_from_scores(evidence.scores(weights), weights, evidence.question)
+    """Per answer sentence, the ``(doc, score)`` pairs that reach the threshold, best
+    first (at most ``top_k`` per sentence; within ``ratio`` of the answer's best score, and
+    ``max_documents`` different ones in all), the anchors first in the first sentence."""
+    return select_from_scores(evidence.scores(weights), weights, evidence.question, evidence.named)
+
+
+def anchor_documents(
+    weights: AttributionWeights, question: Sequence[float], named: Sequence[bool] = ()
+) -> list[int]:
+    """The documents ``weights`` anchor the answer on (``question``: ``[D]`` relevance,
+    ``named``: ``[D]`` named by title), the first of them first."""
+    if not weights.anchor:
+        return []
+    if weights.named_anchors and any(named):
+        return [d for d, is_named in enumerate(named) if is_named]
+    if not question or max(question) <= 0:
+        return []
+    ranked = sorted(range(len(question)), key=lambda d: -question[d])
+    if weights.anchor_ratio is None:
+        return ranked[:1]
+    floor = weights.anchor_ratio * question[ranked[0]]
+    return ranked[:1] + [d for d in ranked[1:] if question[d] >= floor]
 
 
 def select_from_scores(
     scores: Sequence[Sequence[float]],
     weights: AttributionWeights,
     question: Sequence[float] = (),
+    named: Sequence[bool] = (),
 ) -> list[list[tuple[int, float]]]:
-    """:func:`select_documents` on a ``[S][D]`` score matrix (``question``: ``[D]``
-    relevance, for the anchor)."""
+    """:func:`select_documents` on a ``[S][D]`` score matrix (``question`` and ``named``:
+    ``[D]``, for the anchors)."""
     out: list[list[tuple[int, float]]] = []
     for row in scores:
-        floor = max(weights.threshold, weights.ratio * max(row, default=0.0))
-        picks = sorted(((d, v) for d, v in enumerate(row) if v >= floor), key=lambda x: -x[1])
+        picks = sorted(
+            ((d, v) for d, v in enumerate(row) if v >= weights.threshold), key=lambda x: -x[1]
+        )
         out.append(picks[: weights.top_k])
-    anchor: int | None = None
-    if weights.anchor and out and question and max(question) > 0:
-        anchor = max(range(len(question)), key=lambda d: question[d])
-        out[0] = [(anchor, scores[0][anchor])] + [(d, v) for d, v in out[0] if d != anchor]
+    if weights.ratio > 0:
+        floor = weights.ratio * max((v for picks in out for _, v in picks), default=0.0)
+        out = [[(d, v) for d, v in picks if v >= floor] for picks in out]
+    anchors = anchor_documents(weights, question, named) if out else []
+    if anchors:
+        out[0] = [(a, scores[0][a]) for a in anchors] + [
+            (d, v) for d, v in out[0] if d not in anchors
+        ]
     if weights.max_documents is not None:
         best: dict[int, float] = {}
         for chosen in out:
             for d, v in chosen:
                 best[d] = max(best.get(d, 0.0), v)
-        ranked = sorted(best, key=lambda d: -best[d])
-        if anchor is not None:  # the anchor stays
-            ranked = [anchor] + [d for d in ranked if d != anchor]
+        # the anchors first (the first of them always stays), then the best-scoring
+        ranked = anchors + sorted((d for d in best if d not in anchors), key=lambda d: -best[d])
         keep = set(ranked[: weights.max_documents])
         out = [[(d, v) for d, v in chosen if d in keep] for chosen in out]
     return out

@@ -92,3 +92,20 @@ def question_relevance(question: str, documents: Sequence[str]) -> list[float]:
         scores.append(score)
     best = max(scores)
     return [s / best if best > 0 else 0.0 for s in scores]
+
+
+_DISAMBIGUATION = re.compile(r"\s*\([^()]*\)\s*$")  # "Notorious (Duran Duran song)"
+
+
+def titles_named(question: str, titles: Sequence[str]) -> list[bool]:
+    """``[D]``: whether ``question`` names the document by its title (case-insensitive, as
+    whole words, without a trailing parenthesized disambiguation; titles of fewer than
+    three characters, or without a letter, never count). A question that names a
+    document asks about it: "Which band formed first, Duran Duran or The Fratellis?"."""
+    text = question.casefold()
+    named = []
+    for title in titles:
+        name = _DISAMBIGUATION.sub("", title).casefold().strip()
+        ok = len(name) >= 3 and any(c.isalpha() for c in name)
+        named.append(ok and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) is not None)
+    return named

@@ -1,10 +1,10 @@
 """Calibrating how attribution evidence combines, on held-out eval records.
 
 ``ragsnap eval`` stores each record's evidence matrices (``attribution.evidence``: overlap
-and attention ``[S][D]``, question ``[D]``). A grid search picks the weights, threshold, relative
-gap and caps that maximize the mean citation F1 against the gold documents, averaged
-over the data sets given (so no set dominates); each kind of evidence alone gets its own
-threshold too. ``score`` applies weights to other records (the evaluated items).
+and attention ``[S][D]``, question and named ``[D]``). A grid search picks the weights,
+threshold, relative gap, caps and anchors that maximize the mean citation F1 against the
+gold documents, averaged over the data sets given (so no set dominates); each kind of
+evidence alone gets its own threshold too. ``score`` applies weights to other records (the evaluated items).
 
     python -m ragsnap.eval.citation_calibration fit runs/heldout_a runs/heldout_b
     python -m ragsnap.eval.citation_calibration score --weights W.json runs/test_a
@@ -23,12 +23,18 @@ from typing import Any
 
 from ragsnap.citations.attribution import AttributionWeights, select_from_scores
 
-GRID = [round(0.1 * i, 1) for i in range(11)]
-THRESHOLDS = [round(0.05 * i, 2) for i in range(2, 20)]
+GRID = [round(0.1 * i, 1) for i in range(11)]  # overlap and question weights
+ATTENTION_GRID = [round(0.2 * i, 1) for i in range(6)]  # coarser: 21 weightings, not 66
+THRESHOLDS = [round(0.05 * i, 2) for i in range(2, 15)]
 CAPS = (None, 1, 2, 3)  # documents per answer
 TOP_KS = (1, 2, 3)  # documents per sentence
-ANCHORS = (False, True)  # cite the question's most relevant document
-RATIOS = (0.0, 0.6, 0.8)  # share of the sentence's best score
+RATIOS = (0.0, 0.8)  # share of the answer's best score
+# (anchor, anchor_ratio, named_anchors): none; the question's best document; with the
+# documents nearly as relevant; the documents the question names by title when it names any
+ANCHORS: tuple[tuple[bool, float | None, bool], ...] = (
+    (False, None, False),
+    *((True, r, n) for n in (False, True) for r in (None, 0.6, 0.7, 0.8, 0.9)),
+)
 
 
 def load_records(
@@ -71,8 +77,9 @@ def cited(
     same selection as :func:`ragsnap.citations.attribution.select_documents`."""
     out: list[int] = []
     rows = record_scores(record, weights) if scores is None else scores
-    question = record["attribution"]["evidence"]["question"]
-    for picks in select_from_scores(rows, weights, question):
+    evidence = record["attribution"]["evidence"]
+    named = evidence.get("named", ())  # absent in records of older runs
+    for picks in select_from_scores(rows, weights, evidence["question"], named):
         out += [d for d, _ in picks if d not in out]
     return out
 
@@ -111,17 +118,18 @@ def mean_f1(
 def _search(
     sets: Sequence[Sequence[dict[str, Any]]],
     evidence_weights: Sequence[tuple[float, ...]],
-    anchors: Sequence[bool] = ANCHORS,
+    anchors: Sequence[tuple[bool, float | None, bool]] = ANCHORS,
 ) -> tuple[float, AttributionWeights]:
-    """The best selection rule (threshold, ratio, per-sentence and per-answer caps) for
-    each ``(overlap, attention, question)`` weighting; the best of all. Ties keep the
-    first found (the coarser rule: lower ratio, fewer caps)."""
+    """The best selection rule (threshold, ratio, per-sentence and per-answer caps,
+    anchors) for each ``(overlap, attention, question)`` weighting; the best of all. Ties
+    keep the first found (the simpler rule: no ratio, fewer caps, fewer anchors)."""
     best: tuple[float, AttributionWeights] = (-1.0, AttributionWeights())
     for o, a, q in evidence_weights:
         base = AttributionWeights(overlap=o, attention=a, question=q)
         scores = [[record_scores(r, base) for r in records] for records in sets]
-        for n, r, t, k, m in itertools.product(anchors, RATIOS, THRESHOLDS, TOP_KS, CAPS):
-            w = replace(base, threshold=t, top_k=k, max_documents=m, ratio=r, anchor=n)
+        for (n, nr, nn), r, t, k, m in itertools.product(anchors, RATIOS, THRESHOLDS, TOP_KS, CAPS):
+            w = replace(base, threshold=t, top_k=k, max_documents=m, ratio=r)
+            w = replace(w, anchor=n, anchor_ratio=nr, named_anchors=nn)
             value = mean_f1(sets, w, scores)
             if value > best[0] + 1e-9:
                 best = (value, w)
@@ -132,15 +140,15 @@ def fit(sets: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
     """Best combined weights, and the best rule for each kind of evidence alone."""
     weighted = [
         (o, a, abs(round(1.0 - o - a, 1)))
-        for o, a in itertools.product(GRID, GRID)
+        for o, a in itertools.product(ATTENTION_GRID, ATTENTION_GRID)
         if o + a <= 1.0001
     ]
     score, combined = _search(sets, weighted)
     # the same without attention evidence: what the attention pass (its cost) buys
-    lexical, no_attention = _search(sets, [w for w in weighted if w[1] == 0])
+    lexical, no_attention = _search(sets, [(o, 0.0, round(1.0 - o, 1)) for o in GRID])
     alone = {}
     for name, base in (("attention", (0.0, 1.0, 0.0)), ("overlap", (1.0, 0.0, 0.0))):
-        value, w = _search(sets, [base], anchors=(False,))  # that evidence only
+        value, w = _search(sets, [base], anchors=ANCHORS[:1])  # that evidence only
         alone[name] = {"f1": round(value, 4), "weights": asdict(w)}
     return {
         "combined": {"f1": round(score, 4), "weights": asdict(combined)},

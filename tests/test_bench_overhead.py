@@ -1,0 +1,42 @@
+"""``ragsnap bench overhead``'s estimator: paired differences within a round (no servers)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+from ragsnap.bench import overhead
+
+
+def test_paired_gaps_cancel_a_slow_moment_that_both_paths_see(monkeypatch):
+    # round r: the machine adds `slow[r]` seconds to both paths; Ray is 10 ms slower
+    slow = itertools.cycle([0.0, 0.0, 0.0, 0.5, 0.5])
+    calls = itertools.count()
+    moment = {"slow": 0.0}
+
+    def fake_time(url, body):
+        if next(calls) % 2 == 0:  # a new round starts with the first path
+            moment["slow"] = next(slow)
+        extra = 0.010 if url == "ray" else 0.0
+        return 1.0 + moment["slow"] + extra, body.get("max_new_tokens", 1), 40.0
+
+    monkeypatch.setattr(overhead, "_time", fake_time)
+    urls = {"in_process": "local", "ray": "ray"}
+    run = overhead._medians(urls, {"max_new_tokens": 1}, rounds=5)
+    assert run["median_gap_s"] == {"in_process": 0.0, "ray": 0.01}
+    assert run["decode_ms_per_token"] == {"in_process": 40.0, "ray": 40.0}
+
+
+def test_per_chunk_is_the_long_streams_extra_gap_per_extra_token():
+    def run(gap_s: float, tokens: int) -> dict:
+        return {
+            "median_s": {},
+            "median_gap_s": {"in_process": 0.0, "ray": gap_s, "ray_proxy": 2 * gap_s},
+            "tokens": {"in_process": tokens, "ray": tokens, "ray_proxy": tokens},
+        }
+
+    args = argparse.Namespace(model="tiny", rounds=3)
+    out = overhead.summarize(args, run(0.006, 1), run(0.004, 1), run(0.024, 21))
+    assert out["per_request_ms"] == 6.0
+    assert out["per_chunk_ms"] == 1.0  # (24 - 4) ms over 20 extra tokens
+    assert out["via_proxy"] == {"per_request_ms": 12.0, "per_chunk_ms": 2.0}
