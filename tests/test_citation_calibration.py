@@ -47,7 +47,19 @@ def test_score_reports_each_method_and_precision_when_right(tmp_path: Path):
     assert len(records) == 3
     out = score(
         records,
-        {"combined": AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=1, anchor=False)},
+        {
+            "combined": AttributionWeights(
+                1.0,
+                0.0,
+                0.0,
+                threshold=0.5,
+                top_k=1,
+                anchor=False,
+                ratio=0.0,
+                anchor_ratio=None,
+                max_documents=3,
+            )
+        },
     )
     assert out["combined"]["f1"] == 1.0 and out["combined"]["precision_when_right"] == 1.0
     assert out["combined"]["n_right_cited"] == 2
@@ -57,9 +69,43 @@ def test_score_reports_each_method_and_precision_when_right(tmp_path: Path):
 
 def test_a_document_cap_keeps_the_answers_best_scoring_documents():
     record = _record("4", [[0.9, 0.6, 0.0], [0.0, 0.7, 0.8]], None, [0.0, 0.0, 0.0], ["b"])
-    loose = AttributionWeights(1.0, 0.0, 0.0, threshold=0.5, top_k=2, max_documents=None)
+    loose = AttributionWeights(
+        1.0, 0.0, 0.0, threshold=0.5, top_k=2, max_documents=None, ratio=0.0, anchor_ratio=None
+    )
     capped = AttributionWeights(
-        1.0, 0.0, 0.0, threshold=0.5, top_k=2, max_documents=2, anchor=False
+        1.0,
+        0.0,
+        0.0,
+        threshold=0.5,
+        top_k=2,
+        max_documents=2,
+        anchor=False,
+        ratio=0.0,
+        anchor_ratio=None,
     )
     assert cited(record, loose) == [0, 1, 2]
     assert cited(record, capped) == [0, 2]  # best scores: a 0.9, c 0.8, b 0.7
+
+
+def test_fit_holds_right_answers_to_the_precision_floor():
+    # citing all three documents has the best F1 (0.8) but cites "c", not gold, on a right
+    # answer; with the floor the fit settles for "a" alone (F1 0.67, precision 1.0)
+    record = _record("5", [[0.9, 0.7, 0.8]], None, [0.0, 0.0, 0.0], ["a", "b"])
+    free = fit([[record]], min_precision_when_right=0.0)["without_attention"]
+    held = fit([[record]], min_precision_when_right=0.8)["without_attention"]
+    assert free["f1"] == 0.8 and cited(record, AttributionWeights(**free["weights"])) == [0, 2, 1]
+    assert round(held["f1"], 4) == 0.6667
+    assert cited(record, AttributionWeights(**held["weights"])) == [0]
+
+
+def test_a_data_set_may_span_folders(tmp_path: Path, capsys):
+    from ragsnap.eval.citation_calibration import main
+
+    for name, records in (("x", RECORDS[:2]), ("y", RECORDS[2:])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "predictions.jsonl").write_text(
+            "\n".join(json.dumps(r) for r in records)
+        )
+    assert main(["score", f"{tmp_path / 'x'},{tmp_path / 'y'}"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n"] == 3 and set(out) >= {"default", "bm25_top2", "markers"}

@@ -54,15 +54,15 @@ class AttributionWeights:
     relevant (a flat prior: several documents answer the question); with ``named_anchors``,
     the documents the question names by title instead, when it names any."""
 
-    overlap: float = 0.5
+    overlap: float = 0.4
     attention: float = 0.0  # no say: the engine skips the attention pass
-    question: float = 0.5
-    threshold: float = 0.25
+    question: float = 0.6
+    threshold: float = 0.1
     top_k: int = 2
-    max_documents: int | None = 3  # cap for the whole answer (its best-scoring documents)
-    ratio: float = 0.0  # a document is cited only within this share of the answer's best
+    max_documents: int | None = None  # cap for the whole answer (its best-scoring documents)
+    ratio: float = 0.8  # a document is cited only within this share of the answer's best
     anchor: bool = True  # the question's most relevant document is cited for sentence 1
-    anchor_ratio: float | None = None  # and those at least this share as relevant
+    anchor_ratio: float | None = 0.7  # and those at least this share as relevant
     named_anchors: bool = False  # the documents the question names by title, when any
 
     def __post_init__(self) -> None:

@@ -3,10 +3,13 @@
 ``ragsnap eval`` stores each record's evidence matrices (``attribution.evidence``: overlap
 and attention ``[S][D]``, question and named ``[D]``). A grid search picks the weights,
 threshold, relative gap, caps and anchors that maximize the mean citation F1 against the
-gold documents, averaged over the data sets given (so no set dominates); each kind of
-evidence alone gets its own threshold too. ``score`` applies weights to other records (the evaluated items).
+gold documents, averaged over the data sets given (so no set dominates), among the rules
+whose citations of right answers are precise enough in every set
+(``--min-precision-when-right``); each kind of evidence alone gets its own rule too.
+``score`` applies the shipped defaults and fitted weights to other records (the evaluated
+items). A data set may span several folders (``a,b``).
 
-    python -m ragsnap.eval.citation_calibration fit runs/heldout_a runs/heldout_b
+    python -m ragsnap.eval.citation_calibration fit runs/heldout_a runs/heldout_b1,runs/heldout_b2
     python -m ragsnap.eval.citation_calibration score --weights W.json runs/test_a
 """
 
@@ -115,15 +118,38 @@ def mean_f1(
     return fmean(per_set)
 
 
+def precision_when_right(
+    records: Sequence[dict[str, Any]],
+    weights: AttributionWeights,
+    scores: Sequence[Sequence[Sequence[float]]] | None = None,
+) -> float | None:
+    """Mean precision of the citations of the records answered right (None: no such
+    record cites anything)."""
+    values = []
+    for j, record in enumerate(records):
+        gold = set(record["gold_doc_ids"])
+        if not gold or not record["scores"].get("accuracy"):
+            continue
+        ids = record["attribution"]["doc_ids"]
+        chosen = {ids[d] for d in cited(record, weights, None if scores is None else scores[j])}
+        if chosen:
+            values.append(len(chosen & gold) / len(chosen))
+    return fmean(values) if values else None
+
+
 def _search(
     sets: Sequence[Sequence[dict[str, Any]]],
     evidence_weights: Sequence[tuple[float, ...]],
     anchors: Sequence[tuple[bool, float | None, bool]] = ANCHORS,
+    min_precision_when_right: float = 0.0,
 ) -> tuple[float, AttributionWeights]:
     """The best selection rule (threshold, ratio, per-sentence and per-answer caps,
     anchors) for each ``(overlap, attention, question)`` weighting; the best of all. Ties
-    keep the first found (the simpler rule: no ratio, fewer caps, fewer anchors)."""
+    keep the first found (the simpler rule: no ratio, fewer caps, fewer anchors). A rule
+    whose precision on right answers is below ``min_precision_when_right`` in some set
+    is passed over, unless no rule reaches it."""
     best: tuple[float, AttributionWeights] = (-1.0, AttributionWeights())
+    fallback = best
     for o, a, q in evidence_weights:
         base = AttributionWeights(overlap=o, attention=a, question=q)
         scores = [[record_scores(r, base) for r in records] for records in sets]
@@ -131,21 +157,34 @@ def _search(
             w = replace(base, threshold=t, top_k=k, max_documents=m, ratio=r)
             w = replace(w, anchor=n, anchor_ratio=nr, named_anchors=nn)
             value = mean_f1(sets, w, scores)
-            if value > best[0] + 1e-9:
+            if value > fallback[0] + 1e-9:
+                fallback = (value, w)
+            if value > best[0] + 1e-9 and all(
+                (p := precision_when_right(records, w, scores[i])) is None
+                or p >= min_precision_when_right
+                for i, records in enumerate(sets)
+            ):
                 best = (value, w)
-    return best
+    return best if best[0] >= 0 else fallback
 
 
-def fit(sets: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
-    """Best combined weights, and the best rule for each kind of evidence alone."""
+def fit(
+    sets: Sequence[Sequence[dict[str, Any]]], min_precision_when_right: float = 0.0
+) -> dict[str, Any]:
+    """Best combined weights (with and without attention evidence; both held to
+    ``min_precision_when_right`` on every set), and the best rule for each kind of
+    evidence alone."""
     weighted = [
         (o, a, abs(round(1.0 - o - a, 1)))
         for o, a in itertools.product(ATTENTION_GRID, ATTENTION_GRID)
         if o + a <= 1.0001
     ]
-    score, combined = _search(sets, weighted)
+    floor = min_precision_when_right
+    score, combined = _search(sets, weighted, min_precision_when_right=floor)
     # the same without attention evidence: what the attention pass (its cost) buys
-    lexical, no_attention = _search(sets, [(o, 0.0, round(1.0 - o, 1)) for o in GRID])
+    lexical, no_attention = _search(
+        sets, [(o, 0.0, round(1.0 - o, 1)) for o in GRID], min_precision_when_right=floor
+    )
     alone = {}
     for name, base in (("attention", (0.0, 1.0, 0.0)), ("overlap", (1.0, 0.0, 0.0))):
         value, w = _search(sets, [base], anchors=ANCHORS[:1])  # that evidence only
@@ -160,17 +199,33 @@ def fit(sets: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ragsnap.eval.citation_calibration")
     parser.add_argument("action", choices=("fit", "score"))
-    parser.add_argument("folders", nargs="+", type=Path)
+    parser.add_argument(
+        "folders", nargs="+", help="eval output folders, one per data set (a,b: one set)"
+    )
     parser.add_argument("--weights", type=Path, help="score: a fit's JSON output")
     parser.add_argument("--press", default="ragsnap")
     parser.add_argument("--budget", type=int, default=256)
+    parser.add_argument(
+        "--min-precision-when-right",
+        type=float,
+        default=0.8,
+        help="fit: the precision a rule needs on right answers in every set (issue 13's "
+        "target; 0: any)",
+    )
     args = parser.parse_args(argv)
-    sets = [load_records(f, args.press, args.budget) for f in args.folders]
+    sets = [
+        [r for f in spec.split(",") for r in load_records(Path(f), args.press, args.budget)]
+        for spec in args.folders
+    ]
     if args.action == "fit":
-        print(json.dumps({"n": [len(s) for s in sets], **fit(sets)}, indent=2))
+        fitted = fit(sets, args.min_precision_when_right)
+        print(json.dumps({"n": [len(s) for s in sets], **fitted}, indent=2))
         return 0
     fitted = json.loads(args.weights.read_text()) if args.weights else {}
-    methods = {"combined": AttributionWeights(**fitted.get("combined", {}).get("weights", {}))}
+    methods = {"default": AttributionWeights()}  # what the engine ships
+    for name in ("combined", "without_attention"):
+        if name in fitted:
+            methods[name] = AttributionWeights(**fitted[name]["weights"])
     for name, entry in fitted.get("alone", {}).items():
         methods[name] = AttributionWeights(**entry["weights"])
     for folder, records in zip(args.folders, sets, strict=True):
