@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ragsnap.citations.attribution import AttributionWeights
 from ragsnap.eval.citation_calibration import cited, fit, load_records, score
+from tests.citation_rules import overlap_rule
 
 
 def _record(item: str, overlap, attention, question, gold, accuracy=1.0) -> dict:
@@ -47,19 +48,7 @@ def test_score_reports_each_method_and_precision_when_right(tmp_path: Path):
     assert len(records) == 3
     out = score(
         records,
-        {
-            "combined": AttributionWeights(
-                1.0,
-                0.0,
-                0.0,
-                threshold=0.5,
-                top_k=1,
-                anchor=False,
-                ratio=0.0,
-                anchor_ratio=None,
-                max_documents=3,
-            )
-        },
+        {"combined": overlap_rule(threshold=0.5, top_k=1, anchor=False)},
     )
     assert out["combined"]["f1"] == 1.0 and out["combined"]["precision_when_right"] == 1.0
     assert out["combined"]["n_right_cited"] == 2
@@ -69,20 +58,8 @@ def test_score_reports_each_method_and_precision_when_right(tmp_path: Path):
 
 def test_a_document_cap_keeps_the_answers_best_scoring_documents():
     record = _record("4", [[0.9, 0.6, 0.0], [0.0, 0.7, 0.8]], None, [0.0, 0.0, 0.0], ["b"])
-    loose = AttributionWeights(
-        1.0, 0.0, 0.0, threshold=0.5, top_k=2, max_documents=None, ratio=0.0, anchor_ratio=None
-    )
-    capped = AttributionWeights(
-        1.0,
-        0.0,
-        0.0,
-        threshold=0.5,
-        top_k=2,
-        max_documents=2,
-        anchor=False,
-        ratio=0.0,
-        anchor_ratio=None,
-    )
+    loose = overlap_rule(threshold=0.5, top_k=2, max_documents=None)
+    capped = overlap_rule(threshold=0.5, top_k=2, max_documents=2, anchor=False)
     assert cited(record, loose) == [0, 1, 2]
     assert cited(record, capped) == [0, 2]  # best scores: a 0.9, c 0.8, b 0.7
 

@@ -9,6 +9,7 @@ from ragsnap.citations.attribution import AttributionWeights, select_from_scores
 from ragsnap.citations.overlap import question_relevance
 from ragsnap.documents import Document
 from ragsnap.errors import ConfigError
+from tests.citation_rules import overlap_rule
 
 DOCS = [
     Document(id="moon", title="Moon", text="The Moon orbits the Earth. Its gravity pulls the sea."),
@@ -36,14 +37,10 @@ def test_question_relevance_ranks_documents_as_the_bm25_retriever_does():
 
 
 def test_the_relative_gap_cites_a_clear_winner_alone_and_a_close_second_too():
-    weights = AttributionWeights(
-        1.0, 0.0, 0.0, threshold=0.2, top_k=3, ratio=0.8, anchor_ratio=None, max_documents=3
-    )
+    weights = overlap_rule(threshold=0.2, top_k=3, ratio=0.8)
     assert _cited([[0.9, 0.5, 0.3, 0.0]], weights) == [[0]]
     assert _cited([[0.9, 0.5, 0.85, 0.0]], weights) == [[0, 2]]
-    no_gap = AttributionWeights(
-        1.0, 0.0, 0.0, threshold=0.2, top_k=3, ratio=0.0, anchor_ratio=None, max_documents=3
-    )
+    no_gap = overlap_rule(threshold=0.2, top_k=3)
     assert _cited([[0.9, 0.5, 0.3, 0.0]], no_gap) == [[0, 1, 2]]
     # the gap is the answer's: a weak sentence's best is no citation beside a strong one
     assert _cited([[0.9, 0.0, 0.0, 0.0], [0.0, 0.5, 0.0, 0.0]], weights) == [[0], []]
@@ -53,41 +50,11 @@ def test_the_relative_gap_cites_a_clear_winner_alone_and_a_close_second_too():
 def test_the_anchor_cites_the_questions_best_document_first_and_caps_keep_it():
     scores = [[0.1, 0.0, 0.9, 0.0], [0.0, 0.0, 0.0, 0.7]]
     question = [1.0, 0.3, 0.2, 0.6]
-    plain = AttributionWeights(
-        1.0,
-        0.0,
-        0.0,
-        threshold=0.5,
-        top_k=1,
-        anchor=False,
-        ratio=0.0,
-        anchor_ratio=None,
-        max_documents=3,
-    )
+    plain = overlap_rule(threshold=0.5, top_k=1, anchor=False)
     assert _cited(scores, plain, question) == [[2], [3]]
-    anchored = AttributionWeights(
-        1.0,
-        0.0,
-        0.0,
-        threshold=0.5,
-        top_k=1,
-        anchor=True,
-        max_documents=None,
-        ratio=0.0,
-        anchor_ratio=None,
-    )
+    anchored = overlap_rule(threshold=0.5, top_k=1, anchor=True, max_documents=None)
     assert _cited(scores, anchored, question) == [[0, 2], [3]]
-    capped = AttributionWeights(
-        1.0,
-        0.0,
-        0.0,
-        threshold=0.5,
-        top_k=1,
-        anchor=True,
-        max_documents=2,
-        ratio=0.0,
-        anchor_ratio=None,
-    )
+    capped = overlap_rule(threshold=0.5, top_k=1, anchor=True, max_documents=2)
     assert _cited(scores, capped, question) == [[0, 2], []]  # the anchor outranks the 0.7
     # no document shares a word with the question: nothing to anchor on
     assert _cited(scores, anchored, [0.0] * 4) == [[2], [3]]
@@ -96,17 +63,11 @@ def test_the_anchor_cites_the_questions_best_document_first_and_caps_keep_it():
 def test_a_flat_question_prior_anchors_every_document_nearly_as_relevant():
     scores = [[0.0, 0.0, 0.0, 0.0]]
     question = [0.75, 1.0, 0.2, 0.8]
-    one = AttributionWeights(
-        1.0, 0.0, 0.0, threshold=0.5, anchor=True, max_documents=None, ratio=0.0, anchor_ratio=None
-    )
+    one = overlap_rule(threshold=0.5, anchor=True, max_documents=None)
     assert _cited(scores, one, question) == [[1]]
-    flat = AttributionWeights(
-        1.0, 0.0, 0.0, threshold=0.5, anchor=True, anchor_ratio=0.7, max_documents=None, ratio=0.0
-    )
+    flat = overlap_rule(threshold=0.5, anchor=True, anchor_ratio=0.7, max_documents=None)
     assert _cited(scores, flat, question) == [[1, 3, 0]]  # by relevance; 0.2 < 0.7 x 1.0
-    capped = AttributionWeights(
-        1.0, 0.0, 0.0, threshold=0.5, anchor=True, anchor_ratio=0.7, max_documents=2, ratio=0.0
-    )
+    capped = overlap_rule(threshold=0.5, anchor=True, anchor_ratio=0.7, max_documents=2)
     assert _cited(scores, capped, question) == [[1, 3]]
 
 
@@ -114,23 +75,11 @@ def test_documents_the_question_names_are_the_anchors_when_it_names_any():
     scores = [[0.0, 0.0, 0.9, 0.0]]
     question = [1.0, 0.4, 0.3, 0.5]  # BM25 prefers document 0
     named = [False, True, False, True]
-    weights = AttributionWeights(
-        1.0,
-        0.0,
-        0.0,
-        threshold=0.5,
-        anchor=True,
-        named_anchors=True,
-        max_documents=None,
-        ratio=0.0,
-        anchor_ratio=None,
-    )
+    weights = overlap_rule(threshold=0.5, anchor=True, named_anchors=True, max_documents=None)
     assert _cited(scores, weights, question, named) == [[1, 3, 2]]
     # a question that names no document falls back to the BM25 anchor
     assert _cited(scores, weights, question, [False] * 4) == [[0, 2]]
-    plain = AttributionWeights(
-        1.0, 0.0, 0.0, threshold=0.5, anchor=True, max_documents=None, ratio=0.0, anchor_ratio=None
-    )
+    plain = overlap_rule(threshold=0.5, anchor=True, max_documents=None)
     assert _cited(scores, plain, question, named) == [[0, 2]]
 
 

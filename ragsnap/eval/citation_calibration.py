@@ -87,6 +87,16 @@ def cited(
     return out
 
 
+def cited_ids(
+    record: dict[str, Any],
+    weights: AttributionWeights,
+    scores: Sequence[Sequence[float]] | None = None,
+) -> set[str]:
+    """The ids of the documents :func:`cited` picks."""
+    ids = record["attribution"]["doc_ids"]
+    return {ids[d] for d in cited(record, weights, scores)}
+
+
 def f1(
     record: dict[str, Any],
     weights: AttributionWeights,
@@ -95,8 +105,7 @@ def f1(
     gold = set(record["gold_doc_ids"])
     if not gold:
         return None
-    ids = record["attribution"]["doc_ids"]
-    chosen = {ids[d] for d in cited(record, weights, scores)}
+    chosen = cited_ids(record, weights, scores)
     return 2 * len(chosen & gold) / (len(chosen) + len(gold))
 
 
@@ -130,8 +139,7 @@ def precision_when_right(
         gold = set(record["gold_doc_ids"])
         if not gold or not record["scores"].get("accuracy"):
             continue
-        ids = record["attribution"]["doc_ids"]
-        chosen = {ids[d] for d in cited(record, weights, None if scores is None else scores[j])}
+        chosen = cited_ids(record, weights, None if scores is None else scores[j])
         if chosen:
             values.append(len(chosen & gold) / len(chosen))
     return fmean(values) if values else None
@@ -249,14 +257,13 @@ def score(
         gold = set(record["gold_doc_ids"])
         if not gold:
             continue
-        ids = record["attribution"]["doc_ids"]
         right = record["scores"].get("accuracy")
         chosen = {
             "markers": set(record["attribution"]["methods"]["markers"]),
             "bm25_top2": set(record["attribution"]["methods"]["bm25_top2"]),
         }
         for name, weights in methods.items():
-            chosen[name] = {ids[d] for d in cited(record, weights)}
+            chosen[name] = cited_ids(record, weights)
         for name, docs in chosen.items():
             f, p = _set_f1(docs, gold)
             rows.setdefault(name, []).append((f, p, right))
