@@ -15,6 +15,7 @@ that badly for small row counts:
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -58,14 +59,25 @@ class PackedLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN-packed"
 
 
+@functools.cache
 def can_pack() -> bool:
-    """Whether this torch build has oneDNN's reordered linear (CPU builds with mkldnn)."""
+    """Whether bfloat16 linears can be packed here: the torch build has oneDNN's reordered
+    linear and this CPU runs its bfloat16 path (oneDNN wants AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT; an AVX2-only CPU refuses the reorder). Probed once, on a tiny weight."""
     ops = torch.ops.mkldnn
-    return (
+    if not (
         torch.backends.mkldnn.is_available()
         and hasattr(ops, "_reorder_linear_weight")
         and hasattr(ops, "_linear_pointwise")
-    )
+    ):
+        return False
+    try:
+        with torch.no_grad():
+            ops._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
+    except RuntimeError as exc:
+        logger.info("bfloat16 linears stay dense on this CPU: %s", exc)
+        return False
+    return True
 
 
 def pack_linears(model: torch.nn.Module) -> int:
