@@ -248,12 +248,12 @@ def _search(
     return value, table.rules[index]
 
 
-def _lexical() -> list[tuple[float, float, float]]:
+def lexical_weightings() -> list[tuple[float, float, float]]:
     """Overlap and question weightings without attention (the engine then skips its pass)."""
     return [(o, 0.0, round(1.0 - o, 1)) for o in GRID]
 
 
-def _weighted() -> list[tuple[float, float, float]]:
+def attention_weightings() -> list[tuple[float, float, float]]:
     return [
         (o, a, abs(round(1.0 - o - a, 1)))
         for o, a in itertools.product(ATTENTION_GRID, ATTENTION_GRID)
@@ -268,9 +268,9 @@ def fit(
     ``min_precision_when_right`` on every set), and the best rule for each kind of
     evidence alone."""
     floor = min_precision_when_right
-    score, combined = _search(sets, _weighted(), min_precision_when_right=floor)
+    score, combined = _search(sets, attention_weightings(), min_precision_when_right=floor)
     # the same without attention evidence: what the attention pass (its cost) buys
-    lexical, no_attention = _search(sets, _lexical(), min_precision_when_right=floor)
+    lexical, no_attention = _search(sets, lexical_weightings(), min_precision_when_right=floor)
     alone = {}
     for name, base in (("attention", (0.0, 1.0, 0.0)), ("overlap", (1.0, 0.0, 0.0))):
         value, w = _search(sets, [base], anchors=ANCHORS[:1])  # that evidence only
@@ -302,7 +302,7 @@ def cross_validate(
     default on the same records, and the rule each fold chose."""
     if folds < 2:
         raise ValueError("cross-validation needs at least 2 folds")
-    table = rule_table(sets, _weighted() if attention else _lexical())
+    table = rule_table(sets, attention_weightings() if attention else lexical_weightings())
     records = [r for rs in sets for r in rs]
     fold = np.array([fold_of(r, folds) for r in records], dtype=np.int64)
     chosen = np.zeros(len(records), dtype=np.int64)
