@@ -1,5 +1,5 @@
 """Attribution rules for tests: overlap evidence only, and none of the calibrated extras
-(no relative gap, one anchor at most, 3 documents per answer) unless a test asks."""
+(no relative gap, one BM25 anchor at most, 3 documents per answer) unless a test asks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from ragsnap.citations.attribution import AttributionWeights
 
-PLAIN = {"ratio": 0.0, "anchor_ratio": None, "max_documents": 3}
+PLAIN = {"ratio": 0.0, "anchor_ratio": None, "named_anchors": False, "max_documents": 3}
 
 
 def overlap_rule(**rule: Any) -> AttributionWeights:

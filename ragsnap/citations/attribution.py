@@ -37,10 +37,10 @@ from ragsnap.errors import ConfigError
 
 @dataclass(frozen=True)
 class AttributionWeights:
-    """How evidence combines into a citation. The defaults were fitted on held-out items
-    (HotpotQA and BioASQ factoid, default press at budget 256, embedded model;
-    ``python -m ragsnap.eval.citation_calibration fit``, docs/results.md "Citation
-    attribution").
+    """How evidence combines into a citation. The defaults were fitted on 100 + 100 eval
+    items (HotpotQA and BioASQ factoid, default press at budget 256, embedded model) and
+    the fit cross-validated (``python -m ragsnap.eval.citation_calibration fit`` / ``cv``,
+    docs/results.md "Citation attribution").
 
     Per answer sentence, a document's score is the weighted sum of its evidence; the
     sentence cites the documents that reach ``threshold``, at most ``top_k`` of them. The
@@ -54,16 +54,16 @@ class AttributionWeights:
     relevant (a flat prior: several documents answer the question); with ``named_anchors``,
     the documents the question names by title instead, when it names any."""
 
-    overlap: float = 0.4
+    overlap: float = 0.9
     attention: float = 0.0  # no say: the engine skips the attention pass
-    question: float = 0.6
-    threshold: float = 0.1
-    top_k: int = 2
+    question: float = 0.1
+    threshold: float = 0.45
+    top_k: int = 1
     max_documents: int | None = None  # cap for the whole answer (its best-scoring documents)
-    ratio: float = 0.8  # a document is cited only within this share of the answer's best
+    ratio: float = 0.0  # a document is cited only within this share of the answer's best
     anchor: bool = True  # the question's most relevant document is cited for sentence 1
-    anchor_ratio: float | None = 0.7  # and those at least this share as relevant
-    named_anchors: bool = False  # the documents the question names by title, when any
+    anchor_ratio: float | None = 0.6  # and those at least this share as relevant
+    named_anchors: bool = True  # the documents the question names by title, when any
 
     def __post_init__(self) -> None:
         values = (self.overlap, self.attention, self.question, self.threshold, self.ratio)
