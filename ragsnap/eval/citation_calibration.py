@@ -104,54 +104,6 @@ def cited_ids(
     return {ids[d] for d in cited(record, weights, scores)}
 
 
-def f1(
-    record: dict[str, Any],
-    weights: AttributionWeights,
-    scores: Sequence[Sequence[float]] | None = None,
-) -> float | None:
-    gold = set(record["gold_doc_ids"])
-    if not gold:
-        return None
-    chosen = cited_ids(record, weights, scores)
-    return 2 * len(chosen & gold) / (len(chosen) + len(gold))
-
-
-def mean_f1(
-    sets: Sequence[Sequence[dict[str, Any]]],
-    weights: AttributionWeights,
-    scores: Sequence[Sequence[Sequence[Sequence[float]]]] | None = None,
-) -> float:
-    """Mean over ``sets`` of each set's mean F1 (``scores``: the records' precomputed
-    score matrices under ``weights``' evidence weights, set by set)."""
-    per_set = []
-    for i, records in enumerate(sets):
-        values = [
-            v
-            for j, r in enumerate(records)
-            if (v := f1(r, weights, None if scores is None else scores[i][j])) is not None
-        ]
-        per_set.append(fmean(values) if values else 0.0)
-    return fmean(per_set)
-
-
-def precision_when_right(
-    records: Sequence[dict[str, Any]],
-    weights: AttributionWeights,
-    scores: Sequence[Sequence[Sequence[float]]] | None = None,
-) -> float | None:
-    """Mean precision of the citations of the records answered right (None: no such
-    record cites anything)."""
-    values = []
-    for j, record in enumerate(records):
-        gold = set(record["gold_doc_ids"])
-        if not gold or not record["scores"].get("accuracy"):
-            continue
-        chosen = cited_ids(record, weights, None if scores is None else scores[j])
-        if chosen:
-            values.append(len(chosen & gold) / len(chosen))
-    return fmean(values) if values else None
-
-
 @dataclass
 class RuleTable:
     """Every candidate rule's citation F1 and precision on every record, so that a fit on
