@@ -61,7 +61,7 @@ def test_answer_copied_from_document_2_cites_it_with_the_quote_offsets():
     assert citation.to_dict()["quotes"][0]["start"] == quote.start
 
 
-def test_with_the_default_weights_a_copied_answer_cites_its_document_alone():
+def test_with_the_default_weights_a_copied_answer_cites_its_document():
     answer = "It has been kept in the British Museum since 1802."
     citations, evidence = _cite(answer, weights=AttributionWeights())
     assert evidence.attention is None  # the defaults need no attention pass

@@ -110,8 +110,8 @@ class RuleTable:
     any subset of the records (a cross-validation fold) is array arithmetic.
 
     ``f1`` and ``precision`` are ``[R, N]`` (``R`` rules, ``N`` records of all sets);
-    ``f1`` is NaN where a record has no gold documents, ``precision`` where the rule cites
-    nothing. ``right`` ``[N]``: the record's answer was right; ``set_index`` ``[N]``: its
+    both are NaN where a record has no gold documents, and ``precision`` also where the
+    rule cites nothing. ``right`` ``[N]``: the record's answer was right; ``set_index`` ``[N]``: its
     data set."""
 
     rules: list[AttributionWeights]
