@@ -23,7 +23,7 @@ from ragsnap.engine import AnswerOptions
 from ragsnap.errors import ConfigError
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.generation import GenerationConfig
-from ragsnap.prompt import ChatContext, Turn
+from ragsnap.prompt import ChatContext, DocumentOrder, Turn
 
 
 def check_question(question: str, settings: Settings, param: str = "question") -> str:
@@ -204,6 +204,7 @@ def answer_options(
     chat: ChatContext | None = None,
     citations: CitationsIn | None = None,
     kept_tokens: bool = False,
+    document_order: DocumentOrder = "relevance",
 ) -> AnswerOptions:
     """Press and generation settings; a bad value is a 422 naming its field."""
     default = min(settings.default_max_new_tokens, settings.max_new_tokens_limit)
@@ -246,6 +247,7 @@ def answer_options(
             mode=cite.mode, marker_control=cite.marker_control, inline_markers=cite.inline_markers
         ),
         kept_tokens=kept_tokens,
+        document_order=document_order,
     )
 
 

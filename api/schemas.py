@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from ragsnap.generation import GREEDY_BELOW, MAX_TEMPERATURE, SEED_MAX, SEED_MIN
+from ragsnap.prompt import DocumentOrder
 
 # hard caps, whatever the settings say (the configurable limits are tighter)
 _MAX_ID = 256
@@ -134,6 +135,12 @@ class RetrievalFields(BaseModel):
         default=None, ge=1, le=1_000, description="passages taken from the corpus"
     )
     compression: CompressionIn | None = None
+    document_order: DocumentOrder = Field(
+        default="relevance",
+        description="relevance: the documents by BM25 relevance to the question, the most "
+        "relevant last, next to the question; given: as sent (the document prefix, and so "
+        "its cache entry, is then the same for every question)",
+    )
 
 
 class TurnIn(BaseModel):

@@ -29,6 +29,7 @@ from ragsnap.citations.markers import (
     vocabulary_texts,
 )
 from ragsnap.citations.options import CitationOptions
+from ragsnap.citations.overlap import question_relevance
 from ragsnap.citations.quotes import document_sentences
 from ragsnap.compression import Press, make_press
 from ragsnap.compression.decode_snapkv import DecodeSnapKV
@@ -39,7 +40,7 @@ from ragsnap.generation import GenerationConfig
 from ragsnap.kept import DocumentKeptTokens, document_kept_tokens
 from ragsnap.lookup import prompt_focus
 from ragsnap.models import EMBEDDED, LoadedModel, load_model
-from ragsnap.prompt import ChatContext, PromptLayout, assemble_prompt
+from ragsnap.prompt import ChatContext, DocumentOrder, PromptLayout, assemble_prompt
 from ragsnap.runtime.blend import DEFAULT_SELECTION
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
 from ragsnap.runtime.model_runtime import ModelRuntime
@@ -61,6 +62,7 @@ class AnswerOptions:
     # decode-phase SnapKV: long answers stay within the prompt's budget plus a slack
     decode_compression: DecodeSnapKV | None = None
     kept_tokens: bool = False  # the done event carries each document's kept-token map
+    document_order: DocumentOrder = "relevance"  # see ragsnap.prompt.DocumentOrder
 
 
 @dataclass
@@ -187,6 +189,7 @@ class RagSnapEngine:
         *,
         answer_prefix: str = "",
         chat: ChatContext | None = None,
+        order: DocumentOrder = "relevance",
     ) -> PromptLayout:
         budget = self.loaded.context_length - generation.max_new_tokens
         if budget <= 0:  # say what to change, not a negative number of prompt tokens
@@ -204,6 +207,11 @@ class RagSnapEngine:
             max_prompt_tokens=budget,
             answer_prefix=answer_prefix,
             chat=chat,
+            relevance=(
+                question_relevance(question, [f"{d.title}\n{d.text}" for d in documents])
+                if order == "relevance"
+                else None
+            ),
         )
 
     # -- the three stages of an answer (the scheduler interleaves them) -----------------
@@ -221,7 +229,9 @@ class RagSnapEngine:
         ``on_chunk`` runs between prefill chunks; an exception from it abandons the prefill.
         """
         started = time.perf_counter()
-        layout = self.build_prompt(question, documents, options.generation, chat=options.chat)
+        layout = self.build_prompt(
+            question, documents, options.generation, chat=options.chat, order=options.document_order
+        )
         if self.tiers is None:
             roles = prompt_roles(self.tokenizer, layout)
             focus = prompt_focus(self.tokenizer, layout) if uses_focus(options.press) else None

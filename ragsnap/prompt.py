@@ -10,22 +10,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ragsnap.documents import Document
 from ragsnap.errors import InputError
 
-PROMPT_TEMPLATE_VERSION = "ragsnap-prompt-v2"  # v2: user text keeps control strings as text
+# v2: user text keeps control strings as text; v3: ANSWER_STYLE (and the relevance order)
+PROMPT_TEMPLATE_VERSION = "ragsnap-prompt-v3"
 SYSTEM_INSTRUCTION = (
     "Answer the question using only the numbered documents. Be brief. "
     "Cite every document you use by its number in square brackets, like [1] or [2][3]. "
     "If the documents do not contain the answer, say that they do not."
 )
+# before the question (and the chat context), unless the chat gives instructions of its
+# own; with the relevance order it took the embedded model from 17 to 27 right answers of
+# 40 + 40 held-out items at full cache (docs/results.md)
+ANSWER_STYLE = "Answer in a few words.\n"
 _SENTINEL = "\u0000RAGSNAP_USER_CONTENT\u0000"
 # A document cut to fewer tokens than this is dropped instead of truncated.
 MIN_TRUNCATED_TOKENS = 32
 # no tokenizer of real text spends more characters than this on one token, whitespace runs aside
 MAX_CHARS_PER_TOKEN = 32
+# "relevance": the documents that fit, least relevant to the question first, so the most
+# relevant sits next to the question (a small model reads the document nearest it);
+# "given": the caller's order, which keeps the document prefix the same for any question
+DocumentOrder = Literal["relevance", "given"]
+DOCUMENT_ORDERS: tuple[DocumentOrder, ...] = ("relevance", "given")
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,67 @@ def format_document(index: int, document: Document) -> str:
     """``[n] title`` then the text, as the model sees it."""
     header = f"[{index}] {document.title}".rstrip()
     return f"{header}\n{document.text.strip()}\n\n"
+
+
+class _Fitted(NamedTuple):
+    """A document that fits: its rank, the text to format, its piece as numbered by rank."""
+
+    rank: int
+    source: Document
+    piece: list[int]
+    cut: bool
+
+
+def _fit(
+    tokenizer: Any, documents: Sequence[Document], room: int
+) -> tuple[list[_Fitted], list[str], list[str]]:
+    """The documents that fit in ``room`` tokens, in rank order, then the ids dropped and
+    the ids truncated (only the last that fits is; every later one is dropped)."""
+    fitted: list[_Fitted] = []
+    dropped: list[str] = []
+    truncated: list[str] = []
+    for rank, document in enumerate(documents):
+        if room < MIN_TRUNCATED_TOKENS:
+            dropped.append(document.id)
+            continue
+        # a document far longer than the room left is cut before tokenizing (a 50 MB text
+        # would otherwise take gigabytes); the first `room` tokens come out the same
+        limit = room * MAX_CHARS_PER_TOKEN
+        source = (
+            replace(document, text=document.text[:limit])
+            if len(document.text) > limit
+            else document
+        )
+        piece = encode_user_text(tokenizer, format_document(rank + 1, source))
+        cut = len(piece) > room or source is not document
+        if cut:
+            piece = piece[:room]
+            truncated.append(document.id)
+        fitted.append(_Fitted(rank, source, piece, cut))
+        room -= len(piece)
+    return fitted, dropped, truncated
+
+
+def _renumbered(
+    tokenizer: Any, fitted: Sequence[_Fitted], room: int
+) -> tuple[list[list[int]], int | None]:
+    """The pieces of ``fitted`` numbered by their place in it, within ``room`` tokens, and
+    the rank of the piece cut to stay within it (None when none was)."""
+    pieces = [
+        f.piece
+        if f.rank == n
+        else encode_user_text(tokenizer, format_document(n + 1, f.source))[
+            : len(f.piece) if f.cut else None
+        ]
+        for n, f in enumerate(fitted)
+    ]
+    # a number's length can differ (``[9]`` vs ``[10]``): the lowest-ranked piece gives way
+    excess = sum(map(len, pieces)) - room
+    if excess > 0:
+        last = max(range(len(fitted)), key=lambda n: fitted[n].rank)
+        pieces[last] = pieces[last][: len(pieces[last]) - excess]
+        return pieces, fitted[last].rank
+    return pieces, None
 
 
 def _template_halves(tokenizer: Any, system: str) -> tuple[str, str]:
@@ -181,15 +252,20 @@ def assemble_prompt(
     system: str = SYSTEM_INSTRUCTION,
     answer_prefix: str = "",
     chat: ChatContext | None = None,
+    relevance: Sequence[float] | None = None,
 ) -> PromptLayout:
     """Build the prompt for ``question`` over ``documents`` (given in rank order).
 
     When the documents do not fit in ``max_prompt_tokens``, the lowest-ranked ones are
     dropped and the last one that partly fits is truncated; both are reported.
+    ``relevance`` (one score per document, e.g. BM25 for the question) lays the documents
+    that fit out in ascending order, the most relevant last, next to the question (ties:
+    the higher-ranked later); ``layout.documents`` is then that order, numbered from 1.
     ``answer_prefix`` (e.g. "The answer is") follows the generation prompt as the start
     of the model's answer: it is part of the prompt, so the observation window sees it.
     ``chat`` (instructions and prior turns) goes before the question, after the
     documents; its oldest turns are dropped when it would take over half the prompt.
+    The tail opens with ``ANSWER_STYLE`` unless ``chat`` has instructions of its own.
     Without ``chat`` the prompt is exactly the template's (``PROMPT_TEMPLATE_VERSION``).
     Raises :class:`InputError` when the question alone does not fit.
     """
@@ -201,7 +277,10 @@ def assemble_prompt(
     context = ""
     if chat is not None and not chat.empty:
         context = format_chat_context(chat, max_prompt_tokens // 2, tokenizer)
-    tail = encode_user_text(tokenizer, f"{context}Question: {question}") + _encode(tokenizer, after)
+    own_style = chat is not None and bool(chat.instructions.strip())
+    tail = [] if own_style else _encode(tokenizer, ANSWER_STYLE)
+    tail += encode_user_text(tokenizer, f"{context}Question: {question}")
+    tail += _encode(tokenizer, after)
     if answer_prefix.strip():
         tail += encode_user_text(tokenizer, answer_prefix.strip())
     room = max_prompt_tokens - len(head) - len(tail)
@@ -211,37 +290,27 @@ def assemble_prompt(
             f"before any document, and at most {max_prompt_tokens} fit",
             field="question",
         )
+    if relevance is not None and len(relevance) != len(documents):
+        raise ValueError(f"{len(relevance)} relevance scores for {len(documents)} documents")
+    fitted, dropped, truncated = _fit(tokenizer, documents, room)
+    if relevance is not None:
+        fitted.sort(key=lambda f: (relevance[f.rank], -f.rank))
+        pieces, shortened = _renumbered(tokenizer, fitted, room)
+        if shortened is not None and documents[shortened].id not in truncated:
+            truncated.append(documents[shortened].id)
+    else:
+        pieces = [f.piece for f in fitted]
     input_ids = list(head)
-    kept: list[Document] = []
     spans: list[tuple[int, int]] = []
-    dropped: list[str] = []
-    truncated: list[str] = []
-    for document in documents:
-        if room < MIN_TRUNCATED_TOKENS:
-            dropped.append(document.id)
-            continue
-        # a document far longer than the room left is cut before tokenizing (a 50 MB text
-        # would otherwise take gigabytes); the first `room` tokens come out the same
-        limit = room * MAX_CHARS_PER_TOKEN
-        source = (
-            replace(document, text=document.text[:limit])
-            if len(document.text) > limit
-            else document
-        )
-        piece = encode_user_text(tokenizer, format_document(len(kept) + 1, source))
-        if len(piece) > room or source is not document:
-            piece = piece[:room]
-            truncated.append(document.id)
+    for piece in pieces:
         spans.append((len(input_ids), len(input_ids) + len(piece)))
         input_ids.extend(piece)
-        kept.append(document)
-        room -= len(piece)
     prefix_len = len(input_ids)
     input_ids.extend(tail)
     return PromptLayout(
         input_ids=input_ids,
         prefix_len=prefix_len,
-        documents=kept,
+        documents=[documents[f.rank] for f in fitted],
         doc_spans=spans,
         dropped_doc_ids=dropped,
         truncated_doc_ids=truncated,

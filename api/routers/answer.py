@@ -76,6 +76,7 @@ async def answer(
         ),
         citations=body.citations,
         kept_tokens=body.kept_tokens,
+        document_order=body.document_order,
     )
     log["stream"] = body.stream
     job = await submit_job(services, question, documents, options, namespace, log)

@@ -150,6 +150,7 @@ async def chat_completions(
         tokens_param=tokens_param,
         stop=body.stop,
         chat=chat,
+        document_order=body.document_order,
     )
     log["stream"] = body.stream
     job = await submit_job(services, parsed.question, documents, options, namespace, log)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ragsnap.cli.options import (
     add_cache_options,
+    add_document_order_option,
     add_generation_options,
     add_model_options,
     add_press_options,
@@ -65,6 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also print the answer with [n] after each supported sentence",
     )
     add_press_options(parser)
+    add_document_order_option(parser)
     add_generation_options(parser)
     add_model_options(parser)
     add_cache_options(parser)
@@ -89,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         generation=generation_from_args(args),
         citations=citations,
         decode_compression=decode_compression(args.decode_slack, args.decode_window),
+        document_order=args.document_order,
     )
     store = open_store_from_args(args)
     with loading_model(args.model, args.device):

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ragsnap.cli.options import add_model_options, add_press_tuning_options, press_tuning_from_args
+from ragsnap.cli.options import (
+    add_document_order_option,
+    add_model_options,
+    add_press_tuning_options,
+    press_tuning_from_args,
+)
 from ragsnap.cli.progress import loading_model
 from ragsnap.errors import InputError
 
@@ -71,6 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--budget)",
     )
     add_press_tuning_options(group)  # the same options as `ragsnap ask`
+    add_document_order_option(parser)
     parser.add_argument("--limit", type=int, help="evaluate the first N items")
     parser.add_argument(
         "--offset", type=int, default=0, help="skip the first N items (held-out calibration)"
@@ -148,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         decode_slack=args.decode_slack,
         decode_window=args.decode_window,
+        document_order=args.document_order,
         context_tokens=args.context_tokens,
         types=args.types,
         haystack=args.haystack,

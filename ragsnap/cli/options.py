@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
 from ragsnap.errors import ConfigError
 from ragsnap.generation import GenerationConfig
+from ragsnap.prompt import DOCUMENT_ORDERS
 
 if TYPE_CHECKING:
     from ragsnap.cache.store import KVStore
@@ -95,6 +96,16 @@ def press_tuning_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "keep_instruction": getattr(args, "keep_instruction", False) or None,
         "lookup": getattr(args, "lookup", False) or None,
     }
+
+
+def add_document_order_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--document-order",
+        choices=DOCUMENT_ORDERS,
+        default="relevance",
+        help="relevance: by BM25 relevance to the question, the most relevant last (default); "
+        "given: as listed (the same document prefix for every question)",
+    )
 
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:

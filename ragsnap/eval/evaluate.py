@@ -25,6 +25,7 @@ from ragsnap.eval.report import (
 from ragsnap.eval.runner import output_dir, run_items, select_records
 from ragsnap.eval.store import PredictionStore, check_settings
 from ragsnap.generation import GenerationConfig
+from ragsnap.prompt import DocumentOrder
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class EvalRequest:
     max_new_tokens: int | None = None
     decode_slack: int | None = None  # decode-phase SnapKV for the compressed caches
     decode_window: int | None = None
+    document_order: DocumentOrder = "relevance"
     context_tokens: int | None = None
     types: list[str] | None = None
     haystack: Path | None = None
@@ -177,6 +179,7 @@ class EvalRequest:
             "data": str(source),
             "needles": str(self.needles),
             "max_new_tokens": self.generation().max_new_tokens,
+            "document_order": self.document_order,
             **({"decode": decode.config()} if (decode := self.decode()) is not None else {}),
             **values,
         }
@@ -271,6 +274,7 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
         dataset=fmt,
         progress=request.progress,
         decode=request.decode(),
+        order=request.document_order,
     )
     malformed = loaded.malformed + outcome.malformed
     records = select_records(store.records(), items, grid)

@@ -32,7 +32,12 @@ from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_a
 from ragsnap.eval.store import PredictionStore
 from ragsnap.generation import GenerationConfig
 from ragsnap.lookup import prompt_focus
-from ragsnap.prompt import PromptLayout, encode_user_text_with_offsets, format_document
+from ragsnap.prompt import (
+    DocumentOrder,
+    PromptLayout,
+    encode_user_text_with_offsets,
+    format_document,
+)
 from ragsnap.structure import prompt_roles
 
 __all__ = ["EvalOutcome", "GridPoint", "evaluate_item", "press_grid", "run_items"]
@@ -120,13 +125,14 @@ def evaluate_item(
     generation: GenerationConfig,
     dataset: str,
     decode: DecodeSnapKV | None = None,
+    order: DocumentOrder = "relevance",
 ) -> list[dict[str, Any]]:
     """Records (one per grid point) for ``item``; raises RagSnapError when it cannot run.
 
     With ``decode``, compressed caches also re-select while decoding; their answers show
     it, their teacher-forced fidelity (over the prompt's cache) does not."""
     layout = engine.build_prompt(
-        item.question, item.documents, generation, answer_prefix=item.answer_prefix
+        item.question, item.documents, generation, answer_prefix=item.answer_prefix, order=order
     )
     length = layout.num_tokens
     roles = prompt_roles(engine.tokenizer, layout)
@@ -252,6 +258,7 @@ def run_items(
     dataset: str,
     progress: bool = True,
     decode: DecodeSnapKV | None = None,
+    order: DocumentOrder = "relevance",
 ) -> EvalOutcome:
     """Evaluate every item not yet complete in ``store`` (with a tqdm bar and ETA)."""
     from tqdm import tqdm
@@ -276,7 +283,7 @@ def run_items(
         for item in todo:
             bar.set_postfix_str(item.id[:24])
             try:
-                records = evaluate_item(engine, item, grid, generation, dataset, decode)
+                records = evaluate_item(engine, item, grid, generation, dataset, decode, order)
             except RagSnapError as exc:
                 logger.warning("item %s skipped: %s", item.id, exc)
                 outcome.malformed.append(Malformed(item.id, str(exc)))
