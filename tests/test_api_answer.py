@@ -78,6 +78,24 @@ def test_stream_events_in_order_then_same_answer_as_json(base_url):
     assert response.headers["x-request-id"]
 
 
+def test_documents_go_by_relevance_unless_the_given_order_is_asked_for(base_url):
+    reversed_docs = list(reversed(DOCS))  # tides first: the document the question is about
+    by_relevance = httpx.post(
+        f"{base_url}/v1/answer", json=request_body(documents=reversed_docs), timeout=120
+    )
+    given = httpx.post(
+        f"{base_url}/v1/answer",
+        json=request_body(documents=reversed_docs, document_order="given"),
+        timeout=120,
+    )
+    assert [d["id"] for d in by_relevance.json()["meta"]["documents"]] == ["bees", "tides"]
+    assert [d["id"] for d in given.json()["meta"]["documents"]] == ["tides", "bees"]
+    wrong = httpx.post(
+        f"{base_url}/v1/answer", json=request_body(document_order="random"), timeout=120
+    )
+    assert wrong.status_code == 422 and "document_order" in wrong.text
+
+
 def test_query_answers_from_the_corpus(base_url):
     body = request_body(documents=None, query="why are there tides", top_k=1, max_new_tokens=2)
     response = httpx.post(f"{base_url}/v1/answer", json=body, timeout=120)

@@ -223,7 +223,7 @@ def test_context_in_a_system_message_becomes_the_documents(client):
             {"role": "user", "content": "What causes tides?"},
         ],
         max_tokens=1,
-        extra_body={"compression": FAST},
+        extra_body={"compression": FAST, "document_order": "given"},
     )
     given = client.chat.completions.create(
         model="ragsnap",
@@ -231,6 +231,7 @@ def test_context_in_a_system_message_becomes_the_documents(client):
         max_tokens=1,
         extra_body={
             "compression": FAST,
+            "document_order": "given",
             "documents": [{"id": "1", "text": tides}, {"id": "2", "text": bees}],
         },
     )

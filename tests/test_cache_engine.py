@@ -45,6 +45,7 @@ def options(window: int = 8, budget: int = 48, press=None, tokens: int = 6) -> A
     return AnswerOptions(
         press=press or SnapKVPress(budget=budget, window=window),
         generation=GenerationConfig(max_new_tokens=tokens),
+        document_order="given",  # one document prefix for both questions
     )
 
 
@@ -71,13 +72,15 @@ def counting(eng: RagSnapEngine) -> list[int]:
 
 @pytest.fixture(scope="module")
 def cold(engine):
-    """Answers of the engine without any store, per (question, window)."""
-    memo: dict[tuple[str, int], str] = {}
+    """Answers of the engine without any store, per (question, window, budget)."""
+    memo: dict[tuple[str, int, int], str] = {}
 
-    def answer(question: str, window: int = 8) -> str:
-        if (question, window) not in memo:
-            memo[(question, window)] = engine.answer(question, DOCS, options(window)).answer
-        return memo[(question, window)]
+    def answer(question: str, window: int = 8, budget: int = 48) -> str:
+        if (question, window, budget) not in memo:
+            memo[(question, window, budget)] = engine.answer(
+                question, DOCS, options(window, budget)
+            ).answer
+        return memo[(question, window, budget)]
 
     return answer
 
@@ -93,7 +96,7 @@ def redis_engine(engine, url: str, **kwargs) -> RagSnapEngine:
 
 def test_hit_loads_bit_identical_kv_and_answers_exactly_as_the_miss(engine, redis_server, ns, cold):
     eng = redis_engine(engine, redis_server.url)
-    layout = eng.build_prompt(Q1, DOCS, options().generation)
+    layout = eng.build_prompt(Q1, DOCS, options().generation, order="given")
     press = options().press
     missed, report = eng.tiers.prefill(layout, press, Q1, ns)
     assert report.status == "miss" and report.bytes_written > 0
@@ -122,7 +125,7 @@ def test_damaged_entry_is_a_miss_cleaned_up_and_recomputed(
     eng = RagSnapEngine(engine.loaded, store=store, prefix_cache=False, document_cache=False)
     first = ask(eng, Q1, ns)
     key = eng.tiers.entry_keys(
-        eng.build_prompt(Q1, DOCS, options().generation), options().press, Q1, ns
+        eng.build_prompt(Q1, DOCS, options().generation, order="given"), options().press, Q1, ns
     )[0]
     base = f"ragsnap:v1:{key.label}:kv:{{{key.digest}}}"
     if damage == "evicted_chunk":
@@ -203,7 +206,7 @@ def test_prefix_hit_prefills_only_the_tail_and_matches_a_cold_run(engine, redis_
     assert ask(eng, Q1, ns).stats.cache == "miss"  # stores the documents' prefix
     calls = counting(eng)
     done = ask(eng, Q2, ns)
-    layout = eng.build_prompt(Q2, DOCS, options().generation)
+    layout = eng.build_prompt(Q2, DOCS, options().generation, order="given")
     tail = layout.num_tokens - layout.prefix_len
     assert tail > 8  # longer than the window: the forward covers exactly the tail
     assert done.stats.cache == "prefix-hit"
@@ -219,10 +222,10 @@ def test_prefix_hit_with_a_window_longer_than_the_tail_crops_the_prefix(
     opts = options(window=40, budget=64)
     ask(eng, Q1, ns, opts)
     done = ask(eng, Q2, ns, opts)
-    layout = eng.build_prompt(Q2, DOCS, opts.generation)
+    layout = eng.build_prompt(Q2, DOCS, opts.generation, order="given")
     assert layout.num_tokens - layout.prefix_len < 40
     assert done.stats.cache == "prefix-hit" and done.stats.prefill_tokens == 40
-    assert done.answer == cold(Q2, window=40)
+    assert done.answer == cold(Q2, window=40, budget=64)
 
 
 def test_presses_that_vote_with_every_query_do_not_reuse_prefixes(engine, redis_server, ns):

@@ -14,7 +14,7 @@ from ragsnap.citations.options import CitationOptions
 from ragsnap.compression import PRESSES, make_press
 from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions
-from ragsnap.events import CitationsEvent, DoneEvent, TokenEvent
+from ragsnap.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.generation import GenerationConfig
 from tests.tiny_models import VOCAB, random_prompt, tiny_engine, tiny_model
 
@@ -70,11 +70,14 @@ def test_attribution_runs_with_every_press_and_a_budget_above_the_prompt(press) 
             generation=GenerationConfig(max_new_tokens=6),
             citations=CitationOptions(inline_markers=True, weights=weights),
         )
-        done = engine.answer("t5 t6 t7", DOCS, options)
+        events = list(engine.stream("t5 t6 t7", DOCS, options))
+        meta, done = events[0], events[-1]
+        assert isinstance(meta, MetaEvent) and isinstance(done, DoneEvent)
         assert done.stats.citations_mode == "attribution" and done.stats.attribution_s > 0
+        in_prompt = {int(d["index"]): d["id"] for d in meta.documents}  # [n] as the model saw it
         for citation in done.citations:
-            doc = DOCS[citation.index - 1]
-            assert citation.doc_id == doc.id and citation.supported is not None
+            doc = next(d for d in DOCS if d.id == citation.doc_id)
+            assert in_prompt[citation.index] == doc.id and citation.supported is not None
             for quote in citation.quotes:
                 assert doc.text[quote.start : quote.end] == quote.text
                 assert quote.kept_share is None or 0.0 <= quote.kept_share <= 1.0

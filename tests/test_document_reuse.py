@@ -169,7 +169,9 @@ def _words(seed: int, n: int = 30) -> str:
 
 DOCS = [Document(id=f"d{i}", title=f"t{10 + i}", text=_words(i)) for i in range(4)]
 OPTS = AnswerOptions(
-    press=SnapKVPress(budget=48, window=8), generation=GenerationConfig(max_new_tokens=8)
+    press=SnapKVPress(budget=48, window=8),
+    generation=GenerationConfig(max_new_tokens=8),
+    document_order="given",  # the tests choose the orders
 )
 
 
@@ -334,7 +336,9 @@ def test_full_share_is_the_cold_answer_on_the_embedded_model(engine, tmp_path):
         ),
     ]
     opts = AnswerOptions(
-        press=SnapKVPress(budget=64, window=8), generation=GenerationConfig(max_new_tokens=12)
+        press=SnapKVPress(budget=64, window=8),
+        generation=GenerationConfig(max_new_tokens=12),
+        document_order="given",
     )
     eng = RagSnapEngine(
         engine.loaded,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ragsnap.citations import Citation
 from ragsnap.documents import Document
 from ragsnap.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
-from ragsnap.prompt import ChatContext, Turn, assemble_prompt
+from ragsnap.prompt import ANSWER_STYLE, ChatContext, Turn, assemble_prompt
 from ragsnap.stats import AnswerStats
 from ragsnap.stopping import StopMatcher, apply_stop
 from tests.test_prompt_injection import chatml_tokenizer, special_counts
@@ -33,6 +33,21 @@ def test_chat_context_goes_in_the_tail_and_keeps_the_document_prefix():
         tokenizer, "And its river?", DOCS, max_prompt_tokens=4000, chat=ChatContext()
     )
     assert empty.input_ids == plain.input_ids
+
+    # the brevity line opens the tail of a plain prompt; the chat's own instructions replace it
+    style = ANSWER_STYLE.replace(" ", "").strip()
+    plain_tail = tokenizer.decode(plain.input_ids[plain.prefix_len :]).replace(" ", "")
+    assert plain_tail.index(style) < plain_tail.index("Question:Anditsriver?")
+    assert style not in tail
+    history_only = assemble_prompt(
+        tokenizer,
+        "And its river?",
+        DOCS,
+        max_prompt_tokens=4000,
+        chat=ChatContext(history=chat.history),
+    )
+    history_tail = tokenizer.decode(history_only.input_ids[history_only.prefix_len :])
+    assert history_tail.replace(" ", "").index(style) < history_tail.replace(" ", "").index("User:")
 
 
 def test_chat_text_cannot_open_a_turn_and_old_turns_give_way():

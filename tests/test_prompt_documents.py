@@ -202,3 +202,49 @@ def test_a_huge_document_is_cut_before_tokenizing(tokenizer, monkeypatch) -> Non
         tokenizer, "t5", [Document(id="s", text=words(2, 50))], max_prompt_tokens=300
     )
     assert small.truncated_doc_ids == []
+
+
+# -- the relevance order ------------------------------------------------------------------
+
+
+def test_relevance_lays_out_the_most_relevant_document_last_numbered_in_place(tokenizer) -> None:
+    docs = [
+        Document(id="a", title="t10", text=words(20, 30)),
+        Document(id="b", title="t11", text=words(60, 30)),
+        Document(id="c", title="t12", text=words(85, 8)),
+    ]
+    layout = assemble_prompt(
+        tokenizer, "t5", docs, max_prompt_tokens=1000, relevance=[0.9, 0.1, 0.9]
+    )
+    # ascending; the tie between a and c goes to a, ranked higher, which comes later
+    assert [d.id for d in layout.documents] == ["b", "c", "a"]
+    given = assemble_prompt(tokenizer, "t5", docs, max_prompt_tokens=1000)
+    assert [d.id for d in given.documents] == ["a", "b", "c"]
+    assert sorted(layout.input_ids) == sorted(given.input_ids)  # the same tokens, moved
+    tokens = tokenizer.convert_ids_to_tokens(layout.input_ids)
+    for (start, end), doc in zip(layout.doc_spans, layout.documents, strict=True):
+        assert tokens[start + 1] == doc.title and tokens[start + 2 : end] == doc.text.split()
+    assert layout.prefix_len == layout.doc_spans[-1][1]
+    assert layout.input_ids[layout.prefix_len :] == given.input_ids[given.prefix_len :]
+
+
+def test_relevance_orders_only_what_fits_by_rank(tokenizer) -> None:
+    docs = [Document(id=name, text=words(2, 60)) for name in ("first", "second", "third")]
+    full = assemble_prompt(tokenizer, "t5", docs, max_prompt_tokens=10_000)
+    overhead = full.num_tokens - sum(e - s for s, e in full.doc_spans)
+    first_len = full.doc_spans[0][1] - full.doc_spans[0][0]
+    limit = overhead + first_len + 40
+    # the third is the most relevant, but ranked last: it is the one dropped
+    layout = assemble_prompt(
+        tokenizer, "t5", docs, max_prompt_tokens=limit, relevance=[0.5, 0.2, 1.0]
+    )
+    assert [d.id for d in layout.documents] == ["second", "first"]
+    assert layout.dropped_doc_ids == ["third"] and layout.truncated_doc_ids == ["second"]
+    assert layout.doc_spans[0][1] - layout.doc_spans[0][0] == 40  # cut as in rank order
+    assert layout.num_tokens == limit
+
+
+def test_relevance_needs_one_score_per_document(tokenizer) -> None:
+    docs = [Document(id="a", text="t3"), Document(id="b", text="t4")]
+    with pytest.raises(ValueError, match="1 relevance scores for 2 documents"):
+        assemble_prompt(tokenizer, "t5", docs, max_prompt_tokens=100, relevance=[1.0])

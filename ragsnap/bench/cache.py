@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from dataclasses import replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -140,7 +141,10 @@ def run(args: argparse.Namespace) -> int:
     if engine.tiers is None:
         raise ConfigError("bench cache needs a store, not 'none'", field="cache")
     press = make_press(args.press, budget=args.budget, window=args.window)
-    options = AnswerOptions(press=press, generation=GenerationConfig(max_new_tokens=1))
+    # the given order: question B meets question A's document prefix
+    options = AnswerOptions(
+        press=press, generation=GenerationConfig(max_new_tokens=1), document_order="given"
+    )
     documents = sample_documents(base.tokenizer, args.context)
     rows: list[dict[str, float]] = []
     sizes: dict[str, int] = {}
@@ -154,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             statuses = (miss.cache, hit.cache, prefix.cache)
             if statuses != ("miss", "hit", "prefix-hit"):
                 raise ConfigError(f"the store did not cache as expected: {statuses}", field="cache")
-            layout = engine.build_prompt(QUESTION_A, documents, options.generation)
+            layout = engine.build_prompt(QUESTION_A, documents, options.generation, order="given")
             ckey, pkey = engine.tiers.entry_keys(layout, press, QUESTION_A, namespace)
             started = time.perf_counter()
             payload = store.get(ckey)
@@ -232,13 +236,13 @@ def _precision(
     base: Any, engine: Any, documents: list[Any], options: Any, press: Any
 ) -> dict[str, Any]:
     """KV error and answer agreement of entries stored in the smaller dtype."""
-    from ragsnap.engine import AnswerOptions
+
     from ragsnap.generation import GenerationConfig
 
-    longer = AnswerOptions(press=press, generation=GenerationConfig(max_new_tokens=24))
+    longer = replace(options, generation=GenerationConfig(max_new_tokens=24))
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
     try:
-        layout = engine.build_prompt(QUESTION_A, documents, longer.generation)
+        layout = engine.build_prompt(QUESTION_A, documents, longer.generation, order="given")
         exact = base.runtime.prefill(layout.input_ids, press)
         engine.tiers.prefill(layout, press, QUESTION_A, namespace)  # store it
         loaded, report = engine.tiers.prefill(layout, press, QUESTION_A, namespace)

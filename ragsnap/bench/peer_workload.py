@@ -45,6 +45,7 @@ class PeerRequest:
             "max_new_tokens": max_new_tokens,
             "temperature": 0.0,
             "stream": True,
+            "document_order": "given",  # the peer's prompt, token for token
         }
         if compression:
             body["compression"] = compression
