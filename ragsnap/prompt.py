@@ -1,9 +1,9 @@
 """Prompt assembly: system instruction, numbered documents, the question last.
 
 The prompt is the concatenation of separately tokenized pieces (head, one piece per
-document, tail), so the document prefix tokenizes the same whatever the question is:
-that is what lets a cached document prefix be reused for a new question, and it gives
-each document's token span without offset mapping.
+document, tail), so the document prefix is the same for any question that lays the
+documents out in the same order: that is what lets a cached document prefix be reused
+for a new question, and it gives each document's token span without offset mapping.
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ def format_chat_context(chat: ChatContext, max_tokens: int, tokenizer: Any) -> s
 class PromptLayout:
     """A tokenized prompt and where each part of it sits.
 
-    ``input_ids[:prefix_len]`` depends only on the documents and the template (the part a
-    document-prefix cache may hold); the question and the generation prompt follow.
+    ``input_ids[:prefix_len]`` depends only on the documents, their order and the template
+    (the part a document-prefix cache may hold); the question and the generation prompt
+    follow.
     ``doc_spans[i]`` is the ``[start, end)`` token span of ``documents[i]``, cited as ``[i+1]``.
     """
 

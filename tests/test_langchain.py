@@ -114,6 +114,19 @@ def test_bad_setup_and_inputs_are_clear_errors(engine):
         chat.invoke([HumanMessage("   ")], documents=DOCS)
 
 
+def check_document_order(chat: ChatRagSnap) -> None:
+    """Reversed DOCS (tides first) go by relevance unless the given order is asked for."""
+    reversed_docs = list(reversed(DOCS))
+    for order, expected in (("relevance", ["bees", "tides"]), ("given", ["tides", "bees"])):
+        ordered = chat.model_copy(update={"document_order": order})
+        message = ordered.invoke(QUESTION, documents=reversed_docs)
+        assert [d["id"] for d in message.response_metadata["documents"]] == expected
+
+
+def test_local_chat_model_orders_documents_as_asked(engine):
+    check_document_order(ChatRagSnap(engine=engine, compression=FAST, max_new_tokens=2))
+
+
 def test_remote_chat_model_against_a_server(engine):
     from ragsnap.api.app import create_app
     from ragsnap.api.settings import Settings
@@ -144,6 +157,7 @@ def test_remote_chat_model_against_a_server(engine):
         multi = chat.invoke(turns, documents=DOCS)
         assert multi.response_metadata["prompt_tokens"] > message.response_metadata["prompt_tokens"]
         assert [d["id"] for d in multi.response_metadata["documents"]] == ["bees", "tides"]
+        check_document_order(chat)
         with pytest.raises(InputError) as info:
             ChatRagSnap(base_url=url, api_key="wrong").invoke(QUESTION, documents=DOCS)
         assert "401" in str(info.value)

@@ -44,6 +44,7 @@ from ragsnap.documents import Document
 from ragsnap.errors import InputError, RagSnapError
 from ragsnap.events import AnswerEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.integrations.langchain.retriever import from_langchain_documents
+from ragsnap.prompt import DocumentOrder
 
 Event = tuple[str, dict[str, Any]]  # ("meta" | "token" | "citations" | "done", payload)
 # per-call keyword arguments ChatRagSnap understands; anything else is refused by name
@@ -120,6 +121,9 @@ class ChatRagSnap(BaseChatModel):
     """Turns the conversation into the retriever's query (e.g. an LLM chain); default:
     the question after the previous user turns."""
     compression: dict[str, Any] = Field(default_factory=dict)
+    document_order: DocumentOrder = "relevance"
+    """``relevance``: the documents by relevance to the question, the most relevant last;
+    ``given``: as retrieved (one document prefix for every question)."""
     model_name: str | None = Field(default=None, alias="model")
     max_new_tokens: int = Field(default=128, ge=1, alias="max_tokens")
     temperature: float = Field(default=0.0, ge=0)
@@ -260,7 +264,12 @@ class ChatRagSnap(BaseChatModel):
         generation = GenerationConfig(
             max_new_tokens=self.max_new_tokens, temperature=self.temperature, stop=stop
         )
-        return AnswerOptions(press=press, generation=generation, chat=parsed.chat)
+        return AnswerOptions(
+            press=press,
+            generation=generation,
+            chat=parsed.chat,
+            document_order=self.document_order,
+        )
 
     def _local_events(
         self,
@@ -299,6 +308,7 @@ class ChatRagSnap(BaseChatModel):
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
             "compression": self.compression or None,
+            "document_order": self.document_order,
             "instructions": parsed.instructions or None,
             "history": [{"role": t.role, "content": t.text} for t in parsed.history] or None,
             "stop": list(stop) or None,
