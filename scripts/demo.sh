@@ -4,6 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 .venv/bin/ragsnap ask \
-  --question "Where is the Rosetta Stone kept, and since when?" \
+  --question "Where is the Rosetta Stone kept?" \
   --docs ragsnap/samples/*.md \
   --press ragsnap --budget 128 "$@"

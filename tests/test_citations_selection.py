@@ -88,7 +88,28 @@ def test_titles_are_named_as_whole_words_without_their_disambiguation():
 
     question = "Which band formed first, Duran Duran or The Fratellis?"
     titles = ["Duran Duran", "Notorious (Duran Duran song)", "The Fratellis", "Duran", "Fra"]
-    assert titles_named(question, titles) == [True, False, True, True, False]
+    # "Duran" is found only inside "Duran Duran": the longer name wins
+    assert titles_named(question, titles) == [True, False, True, False, False]
+    assert titles_named("Is Duran a name? Ask Duran Duran.", titles) == [
+        True,
+        False,
+        False,
+        True,
+        False,
+    ]
+    fish = ["Curve (magazine)", "Tropical fish", "Tropical Fish Hobbyist"]
+    assert titles_named("Do Tropical Fish Hobbyist and Curve cover one topic?", fish) == [
+        True,
+        False,
+        True,
+    ]
+    # a name several titles share names none of them
+    films = ["The Lone Ranger (1956 film)", "The Lone Ranger (2013 film)", "The Jungle Book"]
+    assert titles_named("Which has more animals, The Jungle Book or The Lone Ranger?", films) == [
+        False,
+        False,
+        True,
+    ]
     assert titles_named("Is 1802 a year?", ["1802", "a", "Year (calendar)"]) == [
         False,  # digits only
         False,  # too short

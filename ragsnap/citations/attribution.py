@@ -38,8 +38,8 @@ from ragsnap.errors import ConfigError
 @dataclass(frozen=True)
 class AttributionWeights:
     """How evidence combines into a citation. The defaults were fitted on 100 + 100 eval
-    items (HotpotQA and BioASQ factoid, default press at budget 256, embedded model) and
-    the fit cross-validated (``python -m ragsnap.eval.citation_calibration fit`` / ``cv``,
+    items (HotpotQA and BioASQ factoid, prompt v3, default press at budget 256, embedded
+    model) and the fit cross-validated (``python -m ragsnap.eval.citation_calibration fit`` / ``cv``,
     docs/results.md "Citation attribution").
 
     Per answer sentence, a document's score is the weighted sum of its evidence; the
@@ -54,10 +54,10 @@ class AttributionWeights:
     relevant (a flat prior: several documents answer the question); with ``named_anchors``,
     the documents the question names by title instead, when it names any."""
 
-    overlap: float = 0.9
+    overlap: float = 0.7
     attention: float = 0.0  # no say: the engine skips the attention pass
-    question: float = 0.1
-    threshold: float = 0.45
+    question: float = 0.3
+    threshold: float = 0.35
     top_k: int = 1
     max_documents: int | None = None  # cap for the whole answer (its best-scoring documents)
     ratio: float = 0.0  # a document is cited only within this share of the answer's best

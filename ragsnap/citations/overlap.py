@@ -101,11 +101,25 @@ def titles_named(question: str, titles: Sequence[str]) -> list[bool]:
     """``[D]``: whether ``question`` names the document by its title (case-insensitive, as
     whole words, without a trailing parenthesized disambiguation; titles of fewer than
     three characters, or without a letter, never count). A question that names a
-    document asks about it: "Which band formed first, Duran Duran or The Fratellis?"."""
+    document asks about it: "Which band formed first, Duran Duran or The Fratellis?".
+
+    The longest name wins: a title found only inside another title's match ("Tropical
+    fish" in "... Tropical Fish Hobbyist ...") is not named. A name that several titles
+    share ("The Lone Ranger (1956 film)", "The Lone Ranger (2013 film)") names none of
+    them: the question does not say which it means."""
     text = question.casefold()
-    named = []
-    for title in titles:
-        name = _DISAMBIGUATION.sub("", title).casefold().strip()
-        ok = len(name) >= 3 and any(c.isalpha() for c in name)
-        named.append(ok and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) is not None)
-    return named
+    names = [_DISAMBIGUATION.sub("", title).casefold().strip() for title in titles]
+    shared = Counter(names)
+    spans: list[list[tuple[int, int]]] = []
+    for name in names:
+        ok = len(name) >= 3 and any(c.isalpha() for c in name) and shared[name] == 1
+        found = re.finditer(rf"(?<!\w){re.escape(name)}(?!\w)", text) if ok else ()
+        spans.append([m.span() for m in found])
+    every = [span for found in spans for span in found]
+    return [
+        any(
+            not any(a <= start and end <= b and (a, b) != (start, end) for a, b in every)
+            for start, end in found
+        )
+        for found in spans
+    ]
