@@ -140,7 +140,14 @@ def _measure(args: argparse.Namespace, serve: Any, direct_port: int) -> int:
         _wait_ready(proxy_url)
         with running_server(create_app(settings, engine=load_engine(settings))) as local:
             urls = {"in_process": local, "ray": ray_url, "ray_proxy": proxy_url}
-            one = {"question": "What causes tides?", "documents": DOCS, "compression": PRESS}
+            # instructions of its own: the long stream runs to --tokens (under the default
+            # "Answer in a few words." the embedded model stops after ~7 tokens)
+            one = {
+                "question": "What causes tides?",
+                "instructions": "Write a long, detailed answer.",
+                "documents": DOCS,
+                "compression": PRESS,
+            }
             whole = _medians(urls, {**one, "max_new_tokens": 1}, args.rounds)
             short = _medians(urls, {**one, "max_new_tokens": 1, "stream": True}, args.rounds)
             long = _medians(
