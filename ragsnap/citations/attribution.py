@@ -39,8 +39,8 @@ from ragsnap.errors import ConfigError
 class AttributionWeights:
     """How evidence combines into a citation. The defaults were fitted on 100 + 100 eval
     items (HotpotQA and BioASQ factoid, prompt v3, default press at budget 256, embedded
-    model) and the fit cross-validated (``python -m ragsnap.eval.citation_calibration fit`` / ``cv``,
-    docs/results.md "Citation attribution").
+    model) and the fit cross-validated (``python -m ragsnap.eval.citation_calibration``
+    ``fit`` / ``cv``, docs/results.md "Citation attribution").
 
     Per answer sentence, a document's score is the weighted sum of its evidence; the
     sentence cites the documents that reach ``threshold``, at most ``top_k`` of them. The
