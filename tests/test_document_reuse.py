@@ -17,6 +17,7 @@ from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions, RagSnapEngine
 from ragsnap.generation import GenerationConfig
 from ragsnap.models import LoadedModel
+from ragsnap.runtime import blend
 from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.blend import (
     PlacedPiece,
@@ -26,6 +27,7 @@ from ragsnap.runtime.blend import (
     document_pieces,
     head_kv,
     model_cache,
+    recompute_blocks,
 )
 from ragsnap.runtime.blend_select import question_attention
 from ragsnap.runtime.prefill import forward_chunk
@@ -102,6 +104,31 @@ def test_full_recompute_is_the_cold_prefix_and_shares_grow():
     )
     errors = [_max_diff(r.layers, cold) for r in (plain, some, full)]
     assert errors[0] > errors[2]
+
+
+def test_recompute_blocks_cut_in_position_order():
+    at = list(range(0, 1400, 2))  # 700 positions
+    assert recompute_blocks(at[:200]) == [at[:200]]  # too short to split
+    blocks = recompute_blocks(at, blocks=4)
+    assert [len(b) for b in blocks] == [175, 175, 175, 175] and sum(blocks, []) == at
+    assert [len(b) for b in recompute_blocks(at[:300], blocks=4)] == [150, 150]
+
+
+def test_recompute_in_blocks_equals_one_pass(monkeypatch):
+    model = tiny_model("llama")
+    install_runtime_attention(model)
+    head = random_prompt(5, seed=2)
+    bodies = [random_prompt(20, seed=3 + i) for i in range(3)]
+    prefix, placed = _placed(model, head, bodies, [2, 0, 1])
+    tail = random_prompt(6, seed=9)
+    one = blend_prefix(model, KWARG, prefix, len(head), placed, 0.5, "question", tail)
+    monkeypatch.setattr(blend, "BLOCK_MIN", 4)  # 27 tokens: four passes
+    assert len(recompute_blocks(one.recomputed)) == 4
+    blocked = blend_prefix(model, KWARG, prefix, len(head), placed, 0.5, "question", tail)
+    assert blocked.recomputed == one.recomputed
+    assert _max_diff(blocked.layers, one.layers) < 1e-4
+    full = blend_prefix(model, KWARG, prefix, len(head), placed, 1.0)
+    assert _max_diff(full.layers, _kv(model, prefix, 0)) < 1e-4
 
 
 def test_question_selection_ranks_by_the_tails_attention_and_leaves_the_kv_alone():

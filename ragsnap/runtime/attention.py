@@ -86,13 +86,14 @@ def attention_probs(
     -------
     ``[B, Hq, q, kv]`` probabilities (each query head uses its KV group's keys and mask row).
     """
-    group = query.shape[1] // key.shape[1]
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    keys = key.float().repeat_interleave(group, dim=1)
-    logits = query.float() @ keys.transpose(-1, -2) * scale
-    if mask.shape[1] > 1:
-        mask = mask.repeat_interleave(group, dim=1)
-    return (logits + mask.float()).softmax(dim=-1)
+    b, hq, q, d = query.shape
+    hkv, kv = key.shape[1], key.shape[2]
+    scale = scaling if scaling is not None else d**-0.5
+    # query heads grouped per KV head ([B, Hkv, group * q, D]): the keys are read once
+    grouped = query.float().reshape(b, hkv, hq // hkv * q, d)
+    logits = (grouped @ key.float().transpose(-1, -2)).view(b, hkv, hq // hkv, q, kv)
+    logits = logits.mul_(scale).add_(mask.float().unsqueeze(2))
+    return logits.softmax(dim=-1).view(b, hq, q, kv)
 
 
 def masked_sdpa(

@@ -169,19 +169,37 @@ def _scatter_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
 
     class ScatterLayer(DynamicLayer):  # type: ignore[misc]
-        """A full-length layer whose ``update`` writes the new tokens' KV at their positions."""
+        """A full-length layer whose ``update`` writes the new tokens' KV at their positions
+        and returns the keys and values of positions ``[0, limit)`` (views)."""
 
-        def __init__(self, keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor) -> None:
+        def __init__(
+            self, keys: torch.Tensor, values: torch.Tensor, at: torch.Tensor, limit: int
+        ) -> None:
             super().__init__()
             self.lazy_initialization(keys, values)
-            self.keys, self.values, self.at = keys, values, at
+            self.keys, self.values, self.at, self.limit = keys, values, at, limit
 
         def update(self, key_states, value_states, *args, **kwargs):  # type: ignore[no-untyped-def]
             self.keys.index_copy_(2, self.at, key_states.to(self.keys.dtype))
             self.values.index_copy_(2, self.at, value_states.to(self.values.dtype))
-            return self.keys, self.values
+            return self.keys[:, :, : self.limit], self.values[:, :, : self.limit]
 
     return ScatterLayer
+
+
+# the recompute runs in position order in at most this many passes of at least
+# BLOCK_MIN tokens: a pass's queries read keys only up to its last position, so the
+# attention work falls from n x P towards n x P / 2, for one weight read per extra pass
+RECOMPUTE_BLOCKS = 4
+BLOCK_MIN = 128
+
+
+def recompute_blocks(at: Sequence[int], blocks: int = RECOMPUTE_BLOCKS) -> list[list[int]]:
+    """``at`` (sorted positions) cut into at most ``blocks`` runs of equal count, none
+    shorter than ``BLOCK_MIN`` tokens (one run when ``at`` is short)."""
+    count = max(1, min(blocks, len(at) // BLOCK_MIN))
+    size = math.ceil(len(at) / count)
+    return [list(at[i : i + size]) for i in range(0, len(at), size)]
 
 
 @torch.inference_mode()
@@ -189,26 +207,29 @@ def recompute(
     model: Any, cache_kwarg: str, ids: Sequence[int], layers: Layers, at: list[int]
 ) -> None:
     """Rerun the tokens at positions ``at`` (sorted) through every layer on ``layers``
-    (``[1, Hkv, P, D]``, changed in place): each sees every key at or before its position."""
+    (``[1, Hkv, P, D]``, changed in place): each sees every key at or before its position,
+    the recomputed ones included. Runs in :func:`recompute_blocks` passes in position
+    order, which gives what one pass would: a token never sees a later one."""
     from transformers import DynamicCache
 
     device = layers[0][0].device
-    index = torch.tensor(at, device=device)
-    cache = DynamicCache()
-    cache.layers = [_scatter_layer_class()(k, v, index) for k, v in layers]
-    length = layers[0][0].shape[2]
-    visible = torch.arange(length, device=device).view(1, -1) <= index.view(-1, 1)  # [q, P]
-    mask = torch.zeros(visible.shape, dtype=layers[0][0].dtype, device=device)
-    mask = mask.masked_fill_(~visible, float("-inf")).view(1, 1, len(at), length)
-    step = StepMask(mask, (length,))
-    with step_masks(dict.fromkeys(range(len(layers)), step)):
-        model(
-            input_ids=torch.tensor([[ids[p] for p in at]], device=device),
-            position_ids=index.view(1, -1),
-            use_cache=True,
-            logits_to_keep=1,
-            **{cache_kwarg: cache},
-        )
+    for block in recompute_blocks(at):
+        index = torch.tensor(block, device=device)
+        limit = block[-1] + 1
+        cache = DynamicCache()
+        cache.layers = [_scatter_layer_class()(k, v, index, limit) for k, v in layers]
+        visible = torch.arange(limit, device=device).view(1, -1) <= index.view(-1, 1)  # [q, L]
+        mask = torch.zeros(visible.shape, dtype=layers[0][0].dtype, device=device)
+        mask = mask.masked_fill_(~visible, float("-inf")).view(1, 1, len(block), limit)
+        step = StepMask(mask, (limit,))
+        with step_masks(dict.fromkeys(range(len(layers)), step)):
+            model(
+                input_ids=torch.tensor([[ids[p] for p in block]], device=device),
+                position_ids=index.view(1, -1),
+                use_cache=True,
+                logits_to_keep=1,
+                **{cache_kwarg: cache},
+            )
 
 
 def _by_deviation(
