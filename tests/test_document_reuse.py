@@ -122,7 +122,7 @@ def test_recompute_in_blocks_equals_one_pass(monkeypatch):
     prefix, placed = _placed(model, head, bodies, [2, 0, 1])
     tail = random_prompt(6, seed=9)
     one = blend_prefix(model, KWARG, prefix, len(head), placed, 0.5, "question", tail)
-    monkeypatch.setattr(blend, "BLOCK_MIN", 4)  # 27 tokens: four passes
+    monkeypatch.setattr(blend, "BLOCK_MIN", 4)  # 33 tokens: four passes
     assert len(recompute_blocks(one.recomputed)) == 4
     blocked = blend_prefix(model, KWARG, prefix, len(head), placed, 0.5, "question", tail)
     assert blocked.recomputed == one.recomputed
