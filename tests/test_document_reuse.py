@@ -82,12 +82,19 @@ def _placed(model, head: list[int], bodies: list[list[int]], order: list[int]):
     return prefix, placed
 
 
-def test_full_recompute_is_the_cold_prefix_and_shares_grow():
+def _three_pieces():
+    """A tiny llama, a 5-token head and three 20-token bodies placed in the order 2, 0, 1
+    (labels at positions 5, 26 and 47)."""
     model = tiny_model("llama")
     install_runtime_attention(model)
     head = random_prompt(5, seed=2)
     bodies = [random_prompt(20, seed=3 + i) for i in range(3)]
     prefix, placed = _placed(model, head, bodies, [2, 0, 1])
+    return model, head, prefix, placed
+
+
+def test_full_recompute_is_the_cold_prefix_and_shares_grow():
+    model, head, prefix, placed = _three_pieces()
     cold = _kv(model, prefix, 0)
     full = blend_prefix(model, KWARG, prefix, len(head), placed, 1.0)
     assert _max_diff(full.layers, cold) < 1e-4
@@ -115,11 +122,7 @@ def test_recompute_blocks_cut_in_position_order():
 
 
 def test_recompute_in_blocks_equals_one_pass(monkeypatch):
-    model = tiny_model("llama")
-    install_runtime_attention(model)
-    head = random_prompt(5, seed=2)
-    bodies = [random_prompt(20, seed=3 + i) for i in range(3)]
-    prefix, placed = _placed(model, head, bodies, [2, 0, 1])
+    model, head, prefix, placed = _three_pieces()
     tail = random_prompt(6, seed=9)
     one = blend_prefix(model, KWARG, prefix, len(head), placed, 0.5, "question", tail)
     monkeypatch.setattr(blend, "BLOCK_MIN", 4)  # 33 tokens: four passes
@@ -132,11 +135,7 @@ def test_recompute_in_blocks_equals_one_pass(monkeypatch):
 
 
 def test_question_selection_ranks_by_the_tails_attention_and_leaves_the_kv_alone():
-    model = tiny_model("llama")
-    install_runtime_attention(model)
-    head = random_prompt(5, seed=2)
-    bodies = [random_prompt(20, seed=3 + i) for i in range(3)]
-    prefix, placed = _placed(model, head, bodies, [2, 0, 1])
+    model, head, prefix, placed = _three_pieces()
     tail = random_prompt(6, seed=9)
     cold = _kv(model, prefix, 0)
     # the probe sees the assembled prefix but appends nothing to it

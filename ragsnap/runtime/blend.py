@@ -16,6 +16,7 @@ so with ``share = 1`` every document token is recomputed: the cold prefix.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -165,6 +166,7 @@ def deviation(
     return total
 
 
+@functools.cache
 def _scatter_layer_class() -> type:
     from transformers.cache_utils import DynamicLayer
 
