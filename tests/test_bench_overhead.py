@@ -40,3 +40,12 @@ def test_per_chunk_is_the_long_streams_extra_gap_per_extra_token():
     assert out["per_request_ms"] == 6.0
     assert out["per_chunk_ms"] == 1.0  # (24 - 4) ms over 20 extra tokens
     assert out["via_proxy"] == {"per_request_ms": 12.0, "per_chunk_ms": 2.0}
+
+
+def test_per_chunk_interval_is_exact_without_noise_and_widens_with_it():
+    # long stream: 20 extra tokens, 20 ms more gap than the one-token stream -> 1 ms/chunk
+    assert overhead.chunk_interval([0.024] * 9, [0.004] * 9, 20) == (1.0, 1.0)
+    noisy_long = [0.024 + d for d in (-0.06, -0.03, 0.0, 0.0, 0.0, 0.03, 0.06, 0.09, -0.09)]
+    low, high = overhead.chunk_interval(noisy_long, [0.004] * 9, 20)
+    assert low < 1.0 < high
+    assert high - low > 1.0  # 30-90 ms of spread per round is more than 1 ms per chunk
