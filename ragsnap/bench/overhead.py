@@ -170,14 +170,12 @@ def summarize(
 
     def added(path: str) -> dict[str, Any]:
         extra_tokens = max(1, long["tokens"][path] - short["tokens"][path])
-        out: dict[str, Any] = {
+        low, high = chunk_interval(long["gaps_s"][path], short["gaps_s"][path], extra_tokens)
+        return {
             "per_request_ms": round(gap(whole, path) * 1000, 2),
             "per_chunk_ms": round((gap(long, path) - gap(short, path)) * 1000 / extra_tokens, 3),
+            "per_chunk_ms_90": [round(low, 3), round(high, 3)],
         }
-        if "gaps_s" in long and "gaps_s" in short:
-            low, high = chunk_interval(long["gaps_s"][path], short["gaps_s"][path], extra_tokens)
-            out["per_chunk_ms_90"] = [round(low, 3), round(high, 3)]
-        return out
 
     return {
         "model": args.model,
