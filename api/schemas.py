@@ -92,6 +92,13 @@ class CompressionIn(BaseModel):
         default=None,
         description="on structured documents, keep first the record the question names",
     )
+    lookahead: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="the first N answer tokens, drafted on the full cache, vote with the "
+        "observation window (off when unset)",
+    )
     decode_slack: int | None = Field(
         default=None,
         ge=1,

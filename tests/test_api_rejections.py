@@ -128,6 +128,15 @@ def test_budget_below_window_is_422(client):
     assert_error(response, 422, "compression.budget")
 
 
+@pytest.mark.parametrize(
+    "compression",
+    [{"lookahead": 0}, {"lookahead": 65}, {"press": "h2o", "budget": 64, "lookahead": 4}],
+)
+def test_a_bad_lookahead_is_422_naming_it(client, compression):
+    response = client.post("/v1/answer", json=body(compression=compression), headers=AUTH)
+    assert_error(response, 422, "compression.lookahead")
+
+
 def test_budget_and_ratio_together_is_422(client):
     response = client.post(
         "/v1/answer", json=body(compression={"budget": 64, "ratio": 0.5}), headers=AUTH

@@ -10,7 +10,10 @@ import pytest
 from ragsnap.cli import build_parser, main
 from ragsnap.engine import RagSnapEngine
 
-TUNING = ("--window", "--kernel", "--pooling", "--layer-profile", "--keep-instruction", "--lookup")
+TUNING = (
+    "--window", "--kernel", "--pooling", "--layer-profile", "--keep-instruction", "--lookup",
+    "--lookahead",
+)  # fmt: skip
 
 
 def pubmedqa_file(path, count=3):
@@ -56,7 +59,7 @@ def _run(tmp_path, *extra):
 def test_press_options_reach_every_press_and_settings(tiny, tmp_path):
     status, out = _run(
         tmp_path, "--press", "snapkv,streamingllm", "--budget", "24", "--window", "4",
-        "--kernel", "3", "--pooling", "avg", "--keep-instruction",
+        "--kernel", "3", "--pooling", "avg", "--keep-instruction", "--lookahead", "2",
     )  # fmt: skip
     assert status == 0
     records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
@@ -64,11 +67,12 @@ def test_press_options_reach_every_press_and_settings(tiny, tmp_path):
     stream = next(r for r in records if r["press"] == "streamingllm")["press_config"]
     assert (snap["window"], snap["kernel"], snap["pooling"]) == (4, 3, "avg")
     assert snap["keep_instruction"] and stream["keep_instruction"]
+    assert snap["lookahead"] == stream["lookahead"] == 2
     assert stream["window"] == 4 and "kernel" not in stream  # streamingllm has no kernel
     settings = json.loads((out / "settings.json").read_text())
     assert settings["format"] == "pubmedqa"  # guessed
     assert settings["press_options"] == {
-        "window": 4, "kernel": 3, "pooling": "avg", "keep_instruction": True,
+        "window": 4, "kernel": 3, "pooling": "avg", "keep_instruction": True, "lookahead": 2,
     }  # fmt: skip
     prov = settings["provenance"]
     assert prov["model"] == "tiny-llama" and prov["threads"] >= 1 and prov["torch"]

@@ -75,6 +75,13 @@ def add_press_tuning_options(group: argparse._ActionsContainer) -> None:
         "(its key, attribute or cell matched against the question's words)",
     )
     group.add_argument(
+        "--lookahead",
+        type=int,
+        metavar="N",
+        help="draft the first N answer tokens on the full cache and let them vote with the "
+        "window (default: off)",
+    )
+    group.add_argument(
         "--decode-slack",
         type=int,
         help="decode-phase SnapKV: select again once a layer holds this many entries more "
@@ -95,6 +102,7 @@ def press_tuning_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "profile": args.layer_profile,
         "keep_instruction": getattr(args, "keep_instruction", False) or None,
         "lookup": getattr(args, "lookup", False) or None,
+        "lookahead": getattr(args, "lookahead", None),
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +11,7 @@ from ragsnap.compression.attention_matching import AttentionMatchingPress
 from ragsnap.compression.base import CompressedLayer, LayerContext, Press, ScorerPress
 from ragsnap.compression.default import (
     attnmatch_press,
+    ragsnap_lookahead_press,
     ragsnap_lookup_press,
     ragsnap_press,
     ragsnap_roles_lookup_press,
@@ -22,6 +24,7 @@ from ragsnap.compression.hooks import compression_hooks
 from ragsnap.compression.keep_instruction import KeepInstructionPress
 from ragsnap.compression.knorm import KeyNormPress
 from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
+from ragsnap.compression.lookahead import LookaheadPress
 from ragsnap.compression.lookup_focus import LookupFocusPress
 from ragsnap.compression.pyramidkv import PyramidKVPress
 from ragsnap.compression.random_press import RandomPress
@@ -54,6 +57,7 @@ PRESSES: dict[str, Callable[..., Press]] = {
     "ragsnap-roles": ragsnap_roles_press,
     "ragsnap-lookup": ragsnap_lookup_press,
     "ragsnap-roles-lookup": ragsnap_roles_lookup_press,
+    "ragsnap-lookahead": ragsnap_lookahead_press,
 }
 DEFAULT_PRESS = "ragsnap"
 
@@ -63,9 +67,16 @@ def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
 
     ``keep_instruction=True`` wraps the press in :class:`KeepInstructionPress` (the system
     instruction is kept whatever the press); ``lookup=True`` in :class:`LookupFocusPress`
-    (the record a question names on a structured document ranks first). Raises :class:`ConfigError` for an unknown
-    press or an option the press does not take.
+    (the record a question names on a structured document ranks first); ``lookahead=N`` in
+    :class:`LookaheadPress` (the first ``N`` answer tokens, drafted on the full cache, vote
+    with the window). Raises :class:`ConfigError` for an unknown press or an option the press
+    does not take.
     """
+    if tokens := options.pop("lookahead", None):
+        press = make_press(name, **options)
+        if isinstance(press, LookaheadPress):  # a named press that already looks ahead
+            return dataclasses.replace(press, tokens=tokens)
+        return LookaheadPress(base=press, tokens=tokens)
     if options.pop("lookup", None):
         return LookupFocusPress(base=make_press(name, **options))
     if options.pop("keep_instruction", None):
@@ -95,6 +106,7 @@ __all__ = [
     "KeepInstructionPress",
     "KeyNormPress",
     "LayerContext",
+    "LookaheadPress",
     "LookupFocusPress",
     "Press",
     "RoleBudgetPress",

@@ -92,6 +92,10 @@ class LayerContext:
     priority: torch.Tensor | None = (
         None  # [L] uint8 tiers a press ranks first, higher first (LookupFocusPress)
     )
+    drafted: torch.Tensor | None = (
+        None  # [B, Hq, k, D] queries of k tokens drafted after the prompt (LookaheadPress)
+    )
+    ahead: int = 0  # how many of the drafted queries vote beside the window (LookaheadPress)
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property

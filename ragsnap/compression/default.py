@@ -4,7 +4,8 @@
 -> Attention Matching refit. ``layerbudget``, ``wordspan`` and ``attnmatch`` are each
 piece alone, for ablations. ``ragsnap-roles`` puts role-conditioned budgets between word
 completion and the refit. ``ragsnap-lookup`` and ``ragsnap-roles-lookup`` rank the record a
-question names on a structured document first (:class:`LookupFocusPress`).
+question names on a structured document first (:class:`LookupFocusPress`);
+``ragsnap-lookahead`` lets the first answer tokens vote (:class:`LookaheadPress`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ragsnap.compression.attention_matching import (
 )
 from ragsnap.compression.base import Press
 from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
+from ragsnap.compression.lookahead import LookaheadPress
 from ragsnap.compression.lookup_focus import LookupFocusPress
 from ragsnap.compression.role_budget import RoleBudgetPress
 from ragsnap.compression.snapkv import SnapKVPress
@@ -145,19 +147,31 @@ def ragsnap_roles_press(
     return RagSnapRolesPress(base=roles, ridge=ridge, mass_iterations=mass_iterations)
 
 
-def with_lookup(factory: Callable[..., Press], name: str) -> Callable[..., LookupFocusPress]:
-    """``factory`` wrapped in :class:`LookupFocusPress`: on a structured document the
-    record the question names ranks first. Takes the same options (its signature is
+def wrapped(
+    factory: Callable[..., Press], wrapper: Callable[[Press], Press], name: str
+) -> Callable[..., Press]:
+    """``factory`` wrapped by ``wrapper``, taking the same options (its signature is
     ``factory``'s, so :func:`~ragsnap.compression.make_press` checks them)."""
 
     @functools.wraps(factory)
-    def build(**options: Any) -> LookupFocusPress:
-        return LookupFocusPress(base=factory(**options))
+    def build(**options: Any) -> Press:
+        return wrapper(factory(**options))
 
     build.__name__ = build.__qualname__ = name
-    build.__doc__ = f"``{factory.__name__}`` with the lookup focus (:class:`LookupFocusPress`)."
+    build.__doc__ = f"``{factory.__name__}`` wrapped: {wrapper.__doc__}"
     return build
 
 
-ragsnap_lookup_press = with_lookup(ragsnap_press, "ragsnap_lookup_press")
-ragsnap_roles_lookup_press = with_lookup(ragsnap_roles_press, "ragsnap_roles_lookup_press")
+def _lookup(press: Press) -> Press:
+    """the record a structured lookup names ranks first (:class:`LookupFocusPress`)."""
+    return LookupFocusPress(base=press)
+
+
+def _lookahead(press: Press) -> Press:
+    """the first 8 answer tokens, drafted on the full cache, vote (:class:`LookaheadPress`)."""
+    return LookaheadPress(base=press)
+
+
+ragsnap_lookup_press = wrapped(ragsnap_press, _lookup, "ragsnap_lookup_press")
+ragsnap_roles_lookup_press = wrapped(ragsnap_roles_press, _lookup, "ragsnap_roles_lookup_press")
+ragsnap_lookahead_press = wrapped(ragsnap_press, _lookahead, "ragsnap_lookahead_press")

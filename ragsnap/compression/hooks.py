@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ragsnap.compression.base import CompressedLayer, LayerContext, Press
+from ragsnap.compression.base import CompressedLayer, LayerContext, Press, project_queries
 
 # the recorder of the prefill running in this thread: hooks are installed on the shared
 # model, so another thread's forward pass (a decode step, another prefill) must not fire them
@@ -69,6 +69,8 @@ class CompressionRecorder:
     word_starts: torch.Tensor | None = None  # [L] bool, for presses that complete words
     roles: torch.Tensor | None = None  # [L] uint8 token roles, for role-conditioned presses
     focus: torch.Tensor | None = None  # [L] uint8 tiers of the named record, for LookupFocusPress
+    # layer -> [B, Hq, k, D] queries of the tokens drafted after the prompt, for LookaheadPress
+    drafted: dict[int, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         self.results = [{} for _ in self.presses]
@@ -112,6 +114,7 @@ class CompressionRecorder:
             word_starts=self.word_starts,
             roles=self.roles,
             focus=self.focus,
+            drafted=None if self.drafted is None else self.drafted.get(layer_idx),
         )
         with torch.no_grad():
             for i, press in enumerate(self.presses):
@@ -135,6 +138,7 @@ def compression_hooks(
     word_starts: torch.Tensor | None = None,
     roles: torch.Tensor | None = None,
     focus: torch.Tensor | None = None,
+    drafted: dict[int, torch.Tensor] | None = None,
 ) -> Iterator[CompressionRecorder]:
     """Install press hooks on every attention layer of ``model`` for the duration of the block.
 
@@ -142,7 +146,8 @@ def compression_hooks(
     is the end of prefill; its results hold what each press kept. With several presses and
     ``apply=False`` one prefill serves them all (the cache itself stays full).
     ``word_starts``, ``roles`` and ``focus`` (``[L]`` each) describe the prompt's positions
-    to presses.
+    to presses; ``drafted`` (layer -> ``[B, Hq, k, D]``, from :func:`query_capture`) holds
+    the queries of tokens drafted after the prompt.
     """
     press_list = [presses] if isinstance(presses, Press) else list(presses)
     if apply and len(press_list) != 1:
@@ -155,6 +160,7 @@ def compression_hooks(
         word_starts=word_starts,
         roles=roles,
         focus=focus,
+        drafted=drafted,
     )
     handles = [m.register_forward_hook(recorder.hook, with_kwargs=True) for m in modules]
     token = _CURRENT.set(recorder)
@@ -162,5 +168,34 @@ def compression_hooks(
         yield recorder
     finally:
         _CURRENT.reset(token)
+        for handle in handles:
+            handle.remove()
+
+
+# the query capture of this thread's draft, if any (same reason as _CURRENT)
+_CAPTURE: ContextVar[dict[int, list[torch.Tensor]] | None] = ContextVar(
+    "ragsnap_query_capture", default=None
+)
+
+
+@contextmanager
+def query_capture(model: nn.Module) -> Iterator[dict[int, list[torch.Tensor]]]:
+    """Record, per layer, the queries (RoPE applied, ``[B, Hq, q, D]`` float) of every
+    forward pass this thread runs on ``model`` inside the block, in the order they ran."""
+    captured: dict[int, list[torch.Tensor]] = {}
+
+    def hook(module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        if _CAPTURE.get() is not captured:
+            return
+        hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        queries = project_queries(module, hidden_states, kwargs["position_embeddings"])
+        captured.setdefault(int(module.layer_idx), []).append(queries.float())
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in attention_modules(model)]
+    token = _CAPTURE.set(captured)
+    try:
+        yield captured
+    finally:
+        _CAPTURE.reset(token)
         for handle in handles:
             handle.remove()

@@ -13,16 +13,18 @@ from ragsnap.errors import ConfigError
 
 
 def window_attention(layer: LayerContext, window: int) -> torch.Tensor:
-    """Attention of the last ``window`` queries over all keys, per query head.
+    """Attention of the last ``window`` queries over all keys, per query head, followed by
+    that of the first ``layer.ahead`` drafted queries (tokens after the prompt: they see
+    every key).
 
     Softmax in float32 over every key, with a causal mask inside the window. Memoized on
     the layer, so presses that build on SnapKV (Attention Matching) reuse it.
 
     Returns
     -------
-    ``[B, Hkv, G, w, L]`` attention probabilities, grouped by KV head.
+    ``[B, Hkv, G, w + ahead, L]`` attention probabilities, grouped by KV head.
     """
-    memo_key = f"window_attention:{window}"
+    memo_key = f"window_attention:{window}:{layer.ahead}"
     if memo_key not in layer._memo:
         layer._memo[memo_key] = _window_attention(layer, window)
     return layer._memo[memo_key]
@@ -31,12 +33,16 @@ def window_attention(layer: LayerContext, window: int) -> torch.Tensor:
 def _window_attention(layer: LayerContext, window: int) -> torch.Tensor:
     seq_len = layer.seq_len
     queries = layer.queries(window).float()  # [B, Hq, w, D]
-    batch, _, w, dim = queries.shape
-    grouped = queries.view(batch, layer.num_kv_heads, layer.group_size, w, dim)
+    w = queries.shape[2]
+    if layer.ahead:
+        assert layer.drafted is not None, "ahead > 0 needs drafted queries"
+        queries = torch.cat([queries, layer.drafted[:, :, : layer.ahead].float()], dim=2)
+    batch, _, rows, dim = queries.shape
+    grouped = queries.view(batch, layer.num_kv_heads, layer.group_size, rows, dim)
     logits = torch.einsum("bhgwd,bhld->bhgwl", grouped, layer.keys.float()) * layer.scaling
     # query i of the window sits at position L - w + i and must not see later keys
     future = torch.ones(w, w, dtype=torch.bool, device=logits.device).triu(1)
-    logits[..., seq_len - w :].masked_fill_(future, float("-inf"))
+    logits[..., :w, seq_len - w :].masked_fill_(future, float("-inf"))
     return logits.softmax(dim=-1)
 
 

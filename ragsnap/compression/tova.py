@@ -23,6 +23,7 @@ class TOVAPress(ScorerPress):
 
     def score(self, layer: LayerContext) -> torch.Tensor:
         prefix = layer.seq_len - min(self.window, layer.seq_len)
-        last = window_attention(layer, 1)[..., 0, :prefix]  # [B, Hkv, G, P]
+        # the last prompt query (and drafted ones, averaged, under LookaheadPress)
+        last = window_attention(layer, 1)[..., :prefix].mean(dim=-2)  # [B, Hkv, G, P]
         mean = last.mean(dim=(1, 2), keepdim=True).squeeze(2)  # [B, 1, P]
         return mean.expand(-1, layer.num_kv_heads, -1)  # [B, Hkv, P]

@@ -24,9 +24,9 @@ class GridPoint:
 
 
 def press_accepts(name: str, option: str) -> bool:
-    """Whether press ``name`` takes ``option`` (``keep_instruction`` and ``lookup`` wrap
-    any press)."""
-    if option in ("keep_instruction", "lookup"):
+    """Whether press ``name`` takes ``option`` (``keep_instruction``, ``lookup`` and
+    ``lookahead`` wrap any press)."""
+    if option in ("keep_instruction", "lookup", "lookahead"):
         return True
     factory = PRESSES.get(name)
     return factory is not None and option in inspect.signature(factory).parameters
@@ -42,7 +42,7 @@ def press_grid(
     """The full cache first (always: it is the reference), then each press at each budget
     (or each ratio, when ``ratios`` are given).
 
-    ``options`` (window, kernel, pooling, profile, keep_instruction, lookup; None = the press's
+    ``options`` (window, kernel, pooling, profile, keep_instruction, lookup, lookahead; None = the press's
     default) go to every press that takes them; one that no chosen press takes is an error.
     Presses are looked up by registry name (:func:`make_press`), so presses added to
     ``ragsnap.compression.PRESSES`` later are selectable too.

@@ -74,6 +74,7 @@ class ModelRuntime:
             word_starts=word_starts(self.tokenizer, input_ids),
             roles=roles,
             focus=focus,
+            stop_ids=self.stop_ids,
         )[0]
 
     def prefill_many(
@@ -93,6 +94,7 @@ class ModelRuntime:
             word_starts=word_starts(self.tokenizer, input_ids),
             roles=roles,
             focus=focus,
+            stop_ids=self.stop_ids,
         )
 
     def prefill_full(

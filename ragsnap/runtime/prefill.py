@@ -10,13 +10,16 @@ request raises out of it, leaving the model free after at most one chunk.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ragsnap.compression import CompressedLayer, Press, compression_hooks
+from ragsnap.compression.hooks import query_capture
+from ragsnap.compression.lookahead import lookahead_tokens
+from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_nbytes, derive_cache
 
 
@@ -105,6 +108,29 @@ def forward_chunk(
     return out.logits[:, -1, :]
 
 
+@torch.inference_mode()
+def draft_queries(
+    model: Any,
+    cache_kwarg: str,
+    cache: Any,
+    logits: torch.Tensor,
+    position: int,
+    tokens: int,
+    stop_ids: Collection[int],
+) -> dict[int, torch.Tensor]:
+    """Greedily draft up to ``tokens`` tokens after a prompt of ``position`` tokens held in
+    ``cache`` (``logits``: ``[1, V]`` at its last position), appending their KV, and stop
+    before an end-of-turn token (``stop_ids``). Returns, per layer, the drafted tokens'
+    queries ``[1, Hq, k, D]`` (empty when the first token ends the turn)."""
+    with query_capture(model) as captured:
+        for i in range(tokens):
+            token = int(logits[0].argmax())
+            if token in stop_ids:
+                break
+            logits = forward_chunk(model, cache_kwarg, [token], cache, position + i)
+    return {layer: torch.cat(queries, dim=2) for layer, queries in captured.items()}
+
+
 def prefill(
     model: Any,
     cache_kwarg: str,
@@ -118,6 +144,7 @@ def prefill(
     word_starts: torch.Tensor | None = None,
     roles: torch.Tensor | None = None,
     focus: torch.Tensor | None = None,
+    stop_ids: Collection[int] = (),
 ) -> list[PrefillResult]:
     """Prefill ``input_ids[start:]`` on top of ``cache`` (holding the first ``start``
     positions) in chunks of ``chunk`` tokens, and compress every layer at the end.
@@ -125,6 +152,10 @@ def prefill(
     One press compresses ``cache`` in place; several presses leave it full and each result
     gets its own derived cache (prefill attention is full whatever the press, so each keeps
     what a prefill of its own would keep). ``on_chunk()`` runs after every chunk but the last.
+    When a press looks ahead (:class:`~ragsnap.compression.lookahead.LookaheadPress`), every
+    chunk runs unarmed, the first answer tokens are drafted on the full cache (stopping at
+    ``stop_ids``), the cache is cut back to the prompt less its window, and the window alone
+    is run again, armed, with the drafted queries.
     """
     press_list = [presses] if isinstance(presses, Press) else list(presses)
     device = next(model.parameters()).device
@@ -133,18 +164,36 @@ def prefill(
     if not all(p.window_only for p in press_list):
         chunk = None  # the press needs every prompt query at once
     starts = chunk_starts(start, len(input_ids), chunk, window)
+    # a sliding layer's cache cannot be cut back after a draft
+    ahead = 0 if any(sliding_windows(model.config)) else lookahead_tokens(*press_list)
+    drafted = None
     _sync(device)
     started = time.perf_counter()
-    for begin, end in zip(starts, starts[1:], strict=False):
-        forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+    ends = [*starts[1:], len(input_ids)] if ahead else starts[1:]
+    for begin, end in zip(starts, ends, strict=False):
+        logits = forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
         if on_chunk is not None:
             on_chunk()
+    last = starts[-1]
+    if ahead:
+        drafted = (
+            draft_queries(model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids)
+            or None
+        )
+        last = max(start, len(input_ids) - window)
+        cache.crop(last - cache.get_seq_length())
     hooks = compression_hooks(
-        model, press_list, apply=single, word_starts=word_starts, roles=roles, focus=focus
+        model,
+        press_list,
+        apply=single,
+        word_starts=word_starts,
+        roles=roles,
+        focus=focus,
+        drafted=drafted,
     )
     with hooks as recorder:
         recorder.armed = True
-        logits = forward_chunk(model, cache_kwarg, input_ids[starts[-1] :], cache, starts[-1])
+        logits = forward_chunk(model, cache_kwarg, input_ids[last:], cache, last)
     _sync(device)
     prefill_s = time.perf_counter() - started
     results = []

@@ -1,0 +1,141 @@
+"""Lookahead votes: answer tokens drafted on the full cache vote beside the window.
+
+Checked against the loop reference of ``test_snapkv_reference``: the draft is a plain
+greedy loop over whole sequences (no cache), the drafted tokens' queries come from a plain
+forward over prompt + draft, and each drafted query's softmax runs over the prompt's keys.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ragsnap.compression import H2OPress, LookaheadPress, SnapKVPress, make_press
+from ragsnap.errors import ConfigError
+from ragsnap.runtime.prefill import draft_queries, forward_chunk
+from tests.test_snapkv_reference import (
+    assert_same_selection,
+    reference_run,
+    reference_snapkv,
+    reference_window_queries,
+    softmax_scale,
+)
+from tests.tiny_models import KV_HEADS, random_prompt, tiny_engine
+
+PROMPT_LEN, WINDOW, BUDGET, AHEAD = 96, 8, 40, 5
+
+
+def greedy(model, ids: list[int], tokens: int, stop: set[int]) -> list[int]:
+    """A plain greedy loop over whole sequences, stopping before a ``stop`` token."""
+    drafted: list[int] = []
+    with torch.no_grad():
+        for _ in range(tokens):
+            logits = model(input_ids=torch.tensor([ids + drafted])).logits[0, -1]
+            token = int(logits.argmax())
+            if token in stop:
+                break
+            drafted.append(token)
+    return drafted
+
+
+def drafted_votes(queries: torch.Tensor, keys: torch.Tensor, prefix: int, scale: float):
+    """``[Hkv, prefix]``: each drafted query's softmax over every prompt key, summed over
+    the queries and averaged over each KV head's query heads (``queries``: ``[Hq, k, D]``)."""
+    group = queries.shape[0] // keys.shape[0]
+    votes = torch.zeros(keys.shape[0], prefix)
+    for kv_head in range(keys.shape[0]):
+        for g in range(group):
+            for row in queries[kv_head * group + g]:
+                probs = torch.softmax((keys[kv_head].float() @ row) * scale, dim=0)
+                votes[kv_head] += probs[:prefix] / group
+    return votes
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_drafted_tokens_vote_as_the_reference_says(arch: str) -> None:
+    engine = tiny_engine(arch, "sdpa", seed=4)
+    model, prompt = engine.model, random_prompt(PROMPT_LEN, seed=5)
+    engine.runtime.stop_ids = set()  # a full draft whatever the random model writes
+    press = LookaheadPress(SnapKVPress(budget=BUDGET, window=WINDOW, kernel=1), tokens=AHEAD)
+    result = engine.runtime.prefill(prompt, press)
+    plain = engine.runtime.prefill(prompt, press.base)
+
+    draft = greedy(model, prompt, AHEAD, set())
+    hidden, cache = reference_run(model, prompt + draft)
+    prefix = PROMPT_LEN - WINDOW
+    differs = False
+    for layer_idx, (kept, base) in enumerate(zip(result.kept, plain.kept, strict=True)):
+        queries = reference_window_queries(model, layer_idx, hidden[layer_idx], WINDOW + AHEAD)
+        keys = cache.layers[layer_idx].keys[0, :, :PROMPT_LEN]  # the prompt's keys only
+        scale = softmax_scale(model)
+        ref = reference_snapkv(queries[:, :WINDOW], keys, WINDOW, BUDGET, 1, "max", scale)
+        ref += drafted_votes(queries[:, WINDOW:], keys, prefix, scale)
+        assert_same_selection(kept.indices[0], ref, WINDOW, BUDGET)
+        differs |= not torch.equal(kept.indices, base.indices)
+        # the draft's KV is gone: kept entries are the prompt's own
+        idx = kept.indices[0]
+        stored = result.cache.layers[layer_idx]
+        assert stored.keys.shape == (1, KV_HEADS, BUDGET, 16)
+        for head in range(KV_HEADS):
+            torch.testing.assert_close(stored.keys[0, head], keys[head, idx[head]])
+            values = cache.layers[layer_idx].values[0, head, :PROMPT_LEN]
+            torch.testing.assert_close(stored.values[0, head], values[idx[head]])
+    assert differs, "the drafted votes changed no layer's selection: the case tests nothing"
+    torch.testing.assert_close(result.next_logits, plain.next_logits)
+    assert result.original_length == PROMPT_LEN
+
+
+def test_the_draft_stops_before_an_end_token_and_returns_its_queries() -> None:
+    engine = tiny_engine("llama", "sdpa", seed=4)
+    model, prompt = engine.model, random_prompt(PROMPT_LEN, seed=5)
+    draft = greedy(model, prompt, AHEAD, set())
+    runtime = engine.runtime
+    cache = runtime.new_cache()
+    logits = forward_chunk(model, runtime.cache_kwarg, prompt, cache, 0)
+    drafted = draft_queries(
+        model, runtime.cache_kwarg, cache, logits, PROMPT_LEN, AHEAD, stop_ids={draft[2]}
+    )
+    assert cache.get_seq_length() == PROMPT_LEN + 2  # two tokens drafted, then the stop
+    hidden, _ = reference_run(model, prompt + draft[:2])
+    for layer_idx, queries in drafted.items():
+        expected = reference_window_queries(model, layer_idx, hidden[layer_idx], 2)
+        torch.testing.assert_close(queries[0], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_when_the_answer_ends_at_once_nothing_is_drafted_and_the_base_press_decides() -> None:
+    engine = tiny_engine("llama", "sdpa", seed=4)
+    prompt = random_prompt(PROMPT_LEN, seed=5)
+    first = greedy(engine.model, prompt, 1, set())[0]
+    base = SnapKVPress(budget=BUDGET, window=WINDOW)
+    engine.runtime.stop_ids = {first}
+    result = engine.runtime.prefill(prompt, LookaheadPress(base, tokens=AHEAD))
+    plain = engine.runtime.prefill(prompt, base)
+    for kept, expected in zip(result.kept, plain.kept, strict=True):
+        assert torch.equal(kept.indices, expected.indices)
+        torch.testing.assert_close(kept.values, expected.values)
+
+
+def test_a_model_with_sliding_layers_is_compressed_by_the_base_press_alone() -> None:
+    engine = tiny_engine("gemma3", "sdpa", seed=4)
+    prompt = random_prompt(PROMPT_LEN, seed=5)
+    base = SnapKVPress(budget=BUDGET, window=WINDOW)
+    result = engine.runtime.prefill(prompt, LookaheadPress(base, tokens=AHEAD))
+    plain = engine.runtime.prefill(prompt, base)
+    assert len(result.kept) == len(plain.kept) == 2  # the two global layers
+    for kept, expected in zip(result.kept, plain.kept, strict=True):
+        assert torch.equal(kept.indices, expected.indices)
+
+
+def test_lookahead_is_part_of_the_press_config_and_checked() -> None:
+    press = make_press("ragsnap", budget=64, lookahead=4)
+    assert isinstance(press, LookaheadPress) and press.tokens == 4
+    assert press.config() == {**make_press("ragsnap", budget=64).config(), "lookahead": 4}
+    assert make_press("ragsnap-lookahead", budget=64).config()["lookahead"] == 8
+    for build in (
+        lambda: LookaheadPress(SnapKVPress(), tokens=0),
+        lambda: LookaheadPress(SnapKVPress(), tokens=65),
+        lambda: LookaheadPress(H2OPress(budget=64)),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            build()
+        assert caught.value.field == "lookahead"
