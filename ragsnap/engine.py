@@ -343,6 +343,7 @@ class RagSnapEngine:
             reuse_note=report.reuse_note,
             finish_reason="length" if row.finish_reason == "length" else "stop",
             decode_reselections=row.votes.reselections if row.votes is not None else 0,
+            drafted_tokens=prefill.drafted_tokens,
             dropped_doc_ids=layout.dropped_doc_ids,
             truncated_doc_ids=layout.truncated_doc_ids,
         )

@@ -46,6 +46,7 @@ class AnswerStats:
     finish_reason: str = "stop"  # stop | length
     stop_sequence: str | None = None  # the stop string that ended the answer
     decode_reselections: int = 0  # layer selections of decode-phase SnapKV
+    drafted_tokens: int = 0  # answer tokens drafted on the full cache to vote (lookahead)
     dropped_doc_ids: list[str] = field(default_factory=list)
     truncated_doc_ids: list[str] = field(default_factory=list)
     replica: str | None = None  # the Ray Serve replica that answered (None: in-process)

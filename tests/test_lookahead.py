@@ -83,6 +83,7 @@ def test_drafted_tokens_vote_as_the_reference_says(arch: str) -> None:
     assert differs, "the drafted votes changed no layer's selection: the case tests nothing"
     torch.testing.assert_close(result.next_logits, plain.next_logits)
     assert result.original_length == PROMPT_LEN
+    assert (result.drafted_tokens, plain.drafted_tokens) == (AHEAD, 0)
 
 
 def test_the_draft_stops_before_an_end_token_and_returns_its_queries() -> None:
@@ -110,6 +111,7 @@ def test_when_the_answer_ends_at_once_nothing_is_drafted_and_the_base_press_deci
     engine.runtime.stop_ids = {first}
     result = engine.runtime.prefill(prompt, LookaheadPress(base, tokens=AHEAD))
     plain = engine.runtime.prefill(prompt, base)
+    assert result.drafted_tokens == 0
     for kept, expected in zip(result.kept, plain.kept, strict=True):
         assert torch.equal(kept.indices, expected.indices)
         torch.testing.assert_close(kept.values, expected.values)
@@ -139,3 +141,46 @@ def test_lookahead_is_part_of_the_press_config_and_checked() -> None:
         with pytest.raises(ConfigError) as caught:
             build()
         assert caught.value.field == "lookahead"
+
+
+def test_a_prefix_hit_looks_ahead_as_a_cold_prefill_does() -> None:
+    """The question tail prefilled over a reused document prefix drafts the same tokens and
+    keeps the same entries as the whole prompt prefilled cold."""
+    engine = tiny_engine("llama", "sdpa", seed=4)
+    engine.runtime.stop_ids = set()
+    runtime, prompt = engine.runtime, random_prompt(PROMPT_LEN, seed=5)
+    press = LookaheadPress(SnapKVPress(budget=BUDGET, window=WINDOW), tokens=AHEAD)
+    cold = runtime.prefill(prompt, press)
+    prefix = runtime.cache_from(runtime.prefill_full(prompt[:60]))
+    warm = runtime.prefill(prompt, press, cache=prefix, start=60)
+    assert cold.drafted_tokens == warm.drafted_tokens == AHEAD
+    assert warm.processed_tokens == PROMPT_LEN - 60
+    for a, b in zip(cold.kept, warm.kept, strict=True):
+        assert torch.equal(a.indices, b.indices)
+        torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
+
+
+def test_the_engine_reports_the_drafted_tokens_and_keys_the_press_by_them(engine) -> None:
+    from ragsnap.documents import Document
+    from ragsnap.engine import AnswerOptions
+    from ragsnap.generation import GenerationConfig
+
+    docs = [Document(id="tides", title="Tides", text="Tides are caused by the Moon's gravity.")]
+    generation = GenerationConfig(max_new_tokens=8)
+    ahead = engine.answer(
+        "What causes tides?",
+        docs,
+        AnswerOptions(
+            press=make_press("snapkv", budget=48, window=8, lookahead=4), generation=generation
+        ),
+    )
+    plain = engine.answer(
+        "What causes tides?",
+        docs,
+        AnswerOptions(press=make_press("snapkv", budget=48, window=8), generation=generation),
+    )
+    assert 1 <= ahead.stats.drafted_tokens <= 4 and plain.stats.drafted_tokens == 0
+    assert (
+        ahead.stats.press_config["lookahead"] == 4 and "lookahead" not in plain.stats.press_config
+    )
+    assert ahead.stats.kept_tokens == plain.stats.kept_tokens == 48

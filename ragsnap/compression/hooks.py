@@ -162,12 +162,22 @@ def compression_hooks(
         focus=focus,
         drafted=drafted,
     )
-    handles = [m.register_forward_hook(recorder.hook, with_kwargs=True) for m in modules]
-    token = _CURRENT.set(recorder)
-    try:
+    with _hooked(modules, recorder.hook, _CURRENT, recorder):
         yield recorder
+
+
+@contextmanager
+def _hooked(
+    modules: Sequence[Any], hook: Any, current: ContextVar[Any], owner: Any
+) -> Iterator[None]:
+    """``hook`` after every module of ``modules``, with ``owner`` as this thread's
+    ``current`` (hooks check it, so other threads' forward passes do not fire them)."""
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in modules]
+    token = current.set(owner)
+    try:
+        yield
     finally:
-        _CURRENT.reset(token)
+        current.reset(token)
         for handle in handles:
             handle.remove()
 
@@ -191,11 +201,5 @@ def query_capture(model: nn.Module) -> Iterator[dict[int, list[torch.Tensor]]]:
         queries = project_queries(module, hidden_states, kwargs["position_embeddings"])
         captured.setdefault(int(module.layer_idx), []).append(queries.float())
 
-    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in attention_modules(model)]
-    token = _CAPTURE.set(captured)
-    try:
+    with _hooked(attention_modules(model), hook, _CAPTURE, captured):
         yield captured
-    finally:
-        _CAPTURE.reset(token)
-        for handle in handles:
-            handle.remove()

@@ -49,6 +49,7 @@ class PrefillResult:
     processed_tokens: int
     # layer -> [1, Hkv, n] logit bias of the kept keys (Attention Matching); empty = none
     bias: dict[int, torch.Tensor] = field(default_factory=dict)
+    drafted_tokens: int = 0  # answer tokens drafted on the full cache to vote (LookaheadPress)
 
     @property
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -212,6 +213,7 @@ def prefill(
                 kv_bytes_full=recorder.bytes_seen,
                 kv_bytes_kept=cache_nbytes(kept_cache),
                 processed_tokens=len(input_ids) - start,
+                drafted_tokens=0 if drafted is None else next(iter(drafted.values())).shape[2],
             )
         )
     return results
