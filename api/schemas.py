@@ -94,10 +94,10 @@ class CompressionIn(BaseModel):
     )
     lookahead: int | None = Field(
         default=None,
-        ge=1,
+        ge=0,
         le=64,
         description="the first N answer tokens, drafted on the full cache, vote with the "
-        "observation window (off when unset)",
+        "observation window (the default press drafts 8; 0 turns it off)",
     )
     decode_slack: int | None = Field(
         default=None,

@@ -130,7 +130,7 @@ def test_budget_below_window_is_422(client):
 
 @pytest.mark.parametrize(
     "compression",
-    [{"lookahead": 0}, {"lookahead": 65}, {"press": "h2o", "budget": 64, "lookahead": 4}],
+    [{"lookahead": -1}, {"lookahead": 65}, {"press": "h2o", "budget": 64, "lookahead": 4}],
 )
 def test_a_bad_lookahead_is_422_naming_it(client, compression):
     response = client.post("/v1/answer", json=body(compression=compression), headers=AUTH)

@@ -49,7 +49,7 @@ def test_every_command_takes_threads_and_verbose_and_shows_defaults(capsys, argv
 
 def test_help_shows_the_defaults(capsys):
     text = " ".join(help_text(capsys, ["ask"]).split())
-    assert "(default: ragsnap)" in text and "(default: 128)" in text
+    assert "(default: ragsnap-lookahead)" in text and "(default: 128)" in text
     assert "(default: None)" not in text
 
 

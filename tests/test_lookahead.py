@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ragsnap.compression import H2OPress, LookaheadPress, SnapKVPress, make_press
+from ragsnap.compression import DEFAULT_PRESS, H2OPress, LookaheadPress, SnapKVPress, make_press
+from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.errors import ConfigError
 from ragsnap.runtime.prefill import draft_queries, forward_chunk
 from tests.test_snapkv_reference import (
@@ -132,7 +133,14 @@ def test_lookahead_is_part_of_the_press_config_and_checked() -> None:
     press = make_press("ragsnap", budget=64, lookahead=4)
     assert isinstance(press, LookaheadPress) and press.tokens == 4
     assert press.config() == {**make_press("ragsnap", budget=64).config(), "lookahead": 4}
-    assert make_press("ragsnap-lookahead", budget=64).config()["lookahead"] == 8
+    default = make_press(DEFAULT_PRESS, budget=64)
+    assert isinstance(default, LookaheadPress) and default.config()["lookahead"] == 8
+    assert (
+        make_press(DEFAULT_PRESS, budget=64, lookahead=0).config()
+        == make_press("ragsnap", budget=64).config()
+    )  # 0 turns it off
+    focused = make_press(DEFAULT_PRESS, budget=64, lookahead=3, lookup=True)
+    assert lookahead_tokens(focused) == 3 and focused.config()["lookahead"] == 3  # one wrapper
     for build in (
         lambda: LookaheadPress(SnapKVPress(), tokens=0),
         lambda: LookaheadPress(SnapKVPress(), tokens=65),

@@ -79,7 +79,7 @@ def add_press_tuning_options(group: argparse._ActionsContainer) -> None:
         type=int,
         metavar="N",
         help="draft the first N answer tokens on the full cache and let them vote with the "
-        "window (default: off)",
+        "window (the default press drafts 8; 0 turns it off)",
     )
     group.add_argument(
         "--decode-slack",

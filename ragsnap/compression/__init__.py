@@ -59,7 +59,8 @@ PRESSES: dict[str, Callable[..., Press]] = {
     "ragsnap-roles-lookup": ragsnap_roles_lookup_press,
     "ragsnap-lookahead": ragsnap_lookahead_press,
 }
-DEFAULT_PRESS = "ragsnap"
+# the default: ragsnap's press, its first 8 answer tokens drafted to vote (LookaheadPress)
+DEFAULT_PRESS = "ragsnap-lookahead"
 
 
 def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
@@ -69,14 +70,9 @@ def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
     instruction is kept whatever the press); ``lookup=True`` in :class:`LookupFocusPress`
     (the record a question names on a structured document ranks first); ``lookahead=N`` in
     :class:`LookaheadPress` (the first ``N`` answer tokens, drafted on the full cache, vote
-    with the window). Raises :class:`ConfigError` for an unknown press or an option the press
-    does not take.
+    with the window), or sets ``N`` of a press that already looks ahead (0 turns it off).
+    Raises :class:`ConfigError` for an unknown press or an option the press does not take.
     """
-    if tokens := options.pop("lookahead", None):
-        press = make_press(name, **options)
-        if isinstance(press, LookaheadPress):  # a named press that already looks ahead
-            return dataclasses.replace(press, tokens=tokens)
-        return LookaheadPress(base=press, tokens=tokens)
     if options.pop("lookup", None):
         return LookupFocusPress(base=make_press(name, **options))
     if options.pop("keep_instruction", None):
@@ -89,13 +85,19 @@ def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
     given = {k: v for k, v in options.items() if v is not None}
     if cls is FullPress:
         return FullPress()
+    tokens = given.pop("lookahead", None)
     if "ratio" in given and "budget" not in given:
         given["budget"] = None
     accepted = set(inspect.signature(cls).parameters)
     unknown = sorted(set(given) - accepted)
     if unknown:
         raise ConfigError(f"press {name!r} does not take: {', '.join(unknown)}", field=unknown[0])
-    return cls(**given)
+    press = cls(**given)
+    if tokens is None:
+        return press
+    if isinstance(press, LookaheadPress):  # a named press that already looks ahead
+        return dataclasses.replace(press, tokens=tokens) if tokens else press.base
+    return LookaheadPress(base=press, tokens=tokens) if tokens else press
 
 
 __all__ = [
