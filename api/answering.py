@@ -16,7 +16,7 @@ from ragsnap.api.services import Services
 from ragsnap.api.settings import Settings
 from ragsnap.api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError
 from ragsnap.citations.options import CitationOptions
-from ragsnap.compression import DEFAULT_PRESS, make_press
+from ragsnap.compression import make_press
 from ragsnap.compression.decode_snapkv import decode_compression
 from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions
@@ -220,7 +220,7 @@ def answer_options(
     decode_fields = {"decode_slack", "decode_window"}
     fields = compression.model_dump(exclude={"press", *decode_fields}, exclude_none=True)
     try:
-        press = make_press(compression.press or DEFAULT_PRESS, **fields)
+        press = make_press(compression.press or settings.default_press, **fields)
         decode = decode_compression(compression.decode_slack, compression.decode_window)
     except ConfigError as exc:
         param = f"compression.{exc.field}" if exc.field else "compression"

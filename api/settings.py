@@ -50,6 +50,11 @@ class Settings(BaseSettings):
         description="share of reused document tokens recomputed with the full context "
         "(0: plain concatenation, 1: as a cold prefill)",
     )
+    default_press: str = Field(
+        default="ragsnap-lookahead",
+        description="press of the requests that name none; `ragsnap` drafts no answer tokens "
+        "before compressing (sooner first token, lower fidelity)",
+    )
     corpus_dir: str | None = Field(default=None, description="folder searched by the `query` field")
     served_model_name: str = Field(
         default="ragsnap", description="alias accepted as `model` on /v1"
@@ -111,6 +116,15 @@ class Settings(BaseSettings):
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("default_press")
+    @classmethod
+    def _known_press(cls, value: str) -> str:
+        from ragsnap.compression import PRESSES
+
+        if value not in PRESSES:
+            raise ValueError(f"unknown press {value!r} (choose from: {', '.join(PRESSES)})")
         return value
 
     @property

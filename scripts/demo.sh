@@ -6,4 +6,4 @@ bash scripts/bootstrap.sh
 .venv/bin/ragsnap ask \
   --question "Where is the Rosetta Stone kept?" \
   --docs ragsnap/samples/*.md \
-  --press ragsnap --budget 128 "$@"
+  --budget 128 "$@"

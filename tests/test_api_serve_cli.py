@@ -30,3 +30,13 @@ def test_bad_setting_is_a_config_error(monkeypatch):
     monkeypatch.setenv("RAGSNAP_MAX_QUEUE", "0")
     with pytest.raises(ConfigError, match="max_queue"):
         settings_from_args(build_parser().parse_args(["serve"]))
+
+
+def test_the_default_press_is_a_setting_checked_at_start(monkeypatch):
+    from ragsnap.cli.serve import settings_from_args
+
+    monkeypatch.setenv("RAGSNAP_DEFAULT_PRESS", "ragsnap")
+    assert settings_from_args(build_parser().parse_args(["serve"])).default_press == "ragsnap"
+    monkeypatch.setenv("RAGSNAP_DEFAULT_PRESS", "zip")
+    with pytest.raises(ConfigError, match="default_press.*unknown press 'zip'"):
+        settings_from_args(build_parser().parse_args(["serve"]))

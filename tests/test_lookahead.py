@@ -192,3 +192,43 @@ def test_the_engine_reports_the_drafted_tokens_and_keys_the_press_by_them(engine
         ahead.stats.press_config["lookahead"] == 4 and "lookahead" not in plain.stats.press_config
     )
     assert ahead.stats.kept_tokens == plain.stats.kept_tokens == 48
+
+
+def test_the_service_drafts_with_its_default_press_and_not_when_told(engine) -> None:
+    from fastapi.testclient import TestClient
+
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
+    from tests.api_helpers import DOCS
+
+    body = {"question": "What causes tides?", "documents": DOCS, "max_new_tokens": 4}
+    stats = {}
+    for default in ("ragsnap-lookahead", "ragsnap"):
+        with TestClient(create_app(Settings(default_press=default), engine=engine)) as client:
+            plain = client.post("/v1/answer", json={**body, "compression": {"budget": 64}})
+            off = client.post(
+                "/v1/answer", json={**body, "compression": {"budget": 64, "lookahead": 0}}
+            )
+        assert plain.status_code == off.status_code == 200, plain.text
+        stats[default] = plain.json()["stats"]
+        assert off.json()["stats"]["drafted_tokens"] == 0
+    assert stats["ragsnap-lookahead"]["drafted_tokens"] > 0
+    assert stats["ragsnap-lookahead"]["press_config"]["lookahead"] == 8
+    assert stats["ragsnap"]["drafted_tokens"] == 0
+    assert stats["ragsnap"]["press"] == stats["ragsnap-lookahead"]["press"] == "ragsnap"
+
+
+def test_a_press_that_scores_every_query_still_sees_them_all_beside_a_lookahead() -> None:
+    """One prefill for several presses (as ``ragsnap eval`` runs them): H2O keeps what it
+    keeps alone, although the lookahead press beside it cut the cache back after its draft."""
+    engine = tiny_engine("llama", "sdpa", seed=4)
+    engine.runtime.stop_ids = set()
+    prompt = random_prompt(PROMPT_LEN, seed=5)
+    h2o = H2OPress(budget=BUDGET)
+    alone = engine.runtime.prefill_many(prompt, [h2o])[0]
+    beside = engine.runtime.prefill_many(
+        prompt, [h2o, LookaheadPress(SnapKVPress(budget=BUDGET, window=WINDOW), tokens=AHEAD)]
+    )
+    assert beside[1].drafted_tokens == AHEAD
+    for a, b in zip(alone.kept, beside[0].kept, strict=True):
+        assert torch.equal(a.indices, b.indices)

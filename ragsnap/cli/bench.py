@@ -11,6 +11,7 @@ import importlib
 
 BENCHMARKS = {
     "decode": "prefill, compression and decode speed: full cache vs compressed vs a short-prompt floor",
+    "prefill": "cold prefill seconds of several presses on the same prompts, as ratios to the first",
     "cache": "time to first token for a cache miss, a full hit and a document-prefix hit",
     "load": "concurrent clients against a running ragsnap server",
     "batch": "aggregate decode tokens/s of batched requests, compressed vs full caches",

@@ -162,7 +162,8 @@ def prefill(
     device = next(model.parameters()).device
     single = len(press_list) == 1
     window = max(window_floor(p) for p in press_list)
-    if not all(p.window_only for p in press_list):
+    every_query = not all(p.window_only for p in press_list)
+    if every_query:
         chunk = None  # the press needs every prompt query at once
     starts = chunk_starts(start, len(input_ids), chunk, window)
     # a sliding layer's cache cannot be cut back after a draft
@@ -181,7 +182,8 @@ def prefill(
             draft_queries(model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids)
             or None
         )
-        last = max(start, len(input_ids) - window)
+        # the armed pass covers the window, or every position when a press scores them all
+        last = start if every_query else max(start, len(input_ids) - window)
         cache.crop(last - cache.get_seq_length())
     hooks = compression_hooks(
         model,
