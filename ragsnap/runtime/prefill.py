@@ -154,9 +154,9 @@ def prefill(
     gets its own derived cache (prefill attention is full whatever the press, so each keeps
     what a prefill of its own would keep). ``on_chunk()`` runs after every chunk but the last.
     When a press looks ahead (:class:`~ragsnap.compression.lookahead.LookaheadPress`), every
-    chunk runs unarmed, the first answer tokens are drafted on the full cache (stopping at
-    ``stop_ids``), the cache is cut back to the prompt less its window, and the window alone
-    is run again, armed, with the drafted queries.
+    chunk runs unarmed (``on_chunk()`` after the last one too), the first answer tokens are
+    drafted on the full cache (stopping at ``stop_ids``), the cache is cut back to the prompt
+    less its window, and the window alone is run again, armed, with the drafted queries.
     """
     press_list = [presses] if isinstance(presses, Press) else list(presses)
     device = next(model.parameters()).device
