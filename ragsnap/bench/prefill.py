@@ -91,10 +91,6 @@ def run(args: argparse.Namespace) -> int:
     if not names:
         raise ConfigError("--press is empty", field="press")
     presses = {name: make_press(name, budget=args.budget) for name in dict.fromkeys(names)}
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ConfigError("--threads must be at least 1", field="threads")
-        torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
         engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype)
     rows = measure(engine, presses, contexts, args.repeats)
