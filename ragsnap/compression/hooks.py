@@ -71,6 +71,13 @@ class CompressionRecorder:
     focus: torch.Tensor | None = None  # [L] uint8 tiers of the named record, for LookupFocusPress
     # layer -> [B, Hq, k, D] queries of the tokens drafted after the prompt, for LookaheadPress
     drafted: dict[int, torch.Tensor] | None = None
+    # deferred: the armed pass only keeps each layer's input (its last ``keep_rows`` rows,
+    # all when None) and :meth:`compress_pending` compresses later (after a draft)
+    deferred: bool = False
+    keep_rows: int | None = None
+    pending: dict[int, tuple[Any, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = field(
+        default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         self.results = [{} for _ in self.presses]
@@ -89,10 +96,36 @@ class CompressionRecorder:
     def hook(self, module: Any, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
         if not self.armed or _CURRENT.get() is not self:
             return
-        cache = _cache_from(kwargs)
+        hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        position_embeddings = kwargs["position_embeddings"]
+        if self.deferred:
+            rows = -(self.keep_rows or hidden_states.shape[1])
+            cos, sin = position_embeddings
+            self.pending[int(module.layer_idx)] = (
+                module,
+                hidden_states[:, rows:].clone(),
+                (cos[:, rows:].clone(), sin[:, rows:].clone()),
+            )
+            return
+        self._compress(module, _cache_from(kwargs), hidden_states, position_embeddings)
+
+    def compress_pending(self, cache: Any, drafted: dict[int, torch.Tensor] | None) -> None:
+        """Compress every layer the deferred pass kept, on ``cache`` as it is now (cut back
+        to the prompt), with ``drafted`` queries (layer -> ``[B, Hq, k, D]``) voting."""
+        self.drafted = drafted
+        for module, hidden_states, position_embeddings in self.pending.values():
+            self._compress(module, cache, hidden_states, position_embeddings)
+        self.pending.clear()
+
+    def _compress(
+        self,
+        module: Any,
+        cache: Any,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    ) -> None:
         layer_idx = int(module.layer_idx)
         layer_cache = cache.layers[layer_idx]
-        hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         total = cache.get_seq_length(layer_idx)
         keys, values = layer_cache.keys, layer_cache.values
         self.bytes_seen += keys.nbytes + values.nbytes
@@ -110,7 +143,7 @@ class CompressionRecorder:
             keys=keys,
             values=values,
             hidden_states=hidden_states,
-            position_embeddings=kwargs["position_embeddings"],
+            position_embeddings=position_embeddings,
             word_starts=self.word_starts,
             roles=self.roles,
             focus=self.focus,
@@ -138,7 +171,8 @@ def compression_hooks(
     word_starts: torch.Tensor | None = None,
     roles: torch.Tensor | None = None,
     focus: torch.Tensor | None = None,
-    drafted: dict[int, torch.Tensor] | None = None,
+    deferred: bool = False,
+    keep_rows: int | None = None,
 ) -> Iterator[CompressionRecorder]:
     """Install press hooks on every attention layer of ``model`` for the duration of the block.
 
@@ -146,8 +180,9 @@ def compression_hooks(
     is the end of prefill; its results hold what each press kept. With several presses and
     ``apply=False`` one prefill serves them all (the cache itself stays full).
     ``word_starts``, ``roles`` and ``focus`` (``[L]`` each) describe the prompt's positions
-    to presses; ``drafted`` (layer -> ``[B, Hq, k, D]``, from :func:`query_capture`) holds
-    the queries of tokens drafted after the prompt.
+    to presses. ``deferred=True`` keeps each layer's input (its last ``keep_rows`` rows)
+    instead of compressing; :meth:`CompressionRecorder.compress_pending` compresses later,
+    with the queries of tokens drafted after the prompt (:func:`query_capture`).
     """
     press_list = [presses] if isinstance(presses, Press) else list(presses)
     if apply and len(press_list) != 1:
@@ -160,7 +195,8 @@ def compression_hooks(
         word_starts=word_starts,
         roles=roles,
         focus=focus,
-        drafted=drafted,
+        deferred=deferred,
+        keep_rows=keep_rows,
     )
     with _hooked(modules, recorder.hook, _CURRENT, recorder):
         yield recorder

@@ -153,10 +153,10 @@ def prefill(
     One press compresses ``cache`` in place; several presses leave it full and each result
     gets its own derived cache (prefill attention is full whatever the press, so each keeps
     what a prefill of its own would keep). ``on_chunk()`` runs after every chunk but the last.
-    When a press looks ahead (:class:`~ragsnap.compression.lookahead.LookaheadPress`), every
-    chunk runs unarmed (``on_chunk()`` after the last one too), the first answer tokens are
-    drafted on the full cache (stopping at ``stop_ids``), the cache is cut back to the prompt
-    less its window, and the window alone is run again, armed, with the drafted queries.
+    When a press looks ahead (:class:`~ragsnap.compression.lookahead.LookaheadPress`), the
+    last chunk only keeps each layer's input for the window, the first answer tokens are
+    drafted on the full cache (stopping at ``stop_ids``), the cache is cut back to the
+    prompt, and then every layer is compressed with the drafted queries voting too.
     """
     press_list = [presses] if isinstance(presses, Press) else list(presses)
     device = next(model.parameters()).device
@@ -171,20 +171,10 @@ def prefill(
     drafted = None
     _sync(device)
     started = time.perf_counter()
-    ends = [*starts[1:], len(input_ids)] if ahead else starts[1:]
-    for begin, end in zip(starts, ends, strict=False):
-        logits = forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+    for begin, end in zip(starts, starts[1:], strict=False):
+        forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
         if on_chunk is not None:
             on_chunk()
-    last = starts[-1]
-    if ahead:
-        drafted = (
-            draft_queries(model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids)
-            or None
-        )
-        # the armed pass covers the window, or every position when a press scores them all
-        last = start if every_query else max(start, len(input_ids) - window)
-        cache.crop(last - cache.get_seq_length())
     hooks = compression_hooks(
         model,
         press_list,
@@ -192,11 +182,20 @@ def prefill(
         word_starts=word_starts,
         roles=roles,
         focus=focus,
-        drafted=drafted,
+        deferred=bool(ahead),
+        keep_rows=None if every_query else window,
     )
     with hooks as recorder:
         recorder.armed = True
-        logits = forward_chunk(model, cache_kwarg, input_ids[last:], cache, last)
+        logits = forward_chunk(model, cache_kwarg, input_ids[starts[-1] :], cache, starts[-1])
+        recorder.armed = False
+        if ahead:
+            drafted = (
+                draft_queries(model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids)
+                or None
+            )
+            cache.crop(len(input_ids) - cache.get_seq_length())
+            recorder.compress_pending(cache, drafted)
     _sync(device)
     prefill_s = time.perf_counter() - started
     results = []
