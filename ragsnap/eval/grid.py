@@ -42,8 +42,9 @@ def press_grid(
     """The full cache first (always: it is the reference), then each press at each budget
     (or each ratio, when ``ratios`` are given).
 
-    ``options`` (window, kernel, pooling, profile, keep_instruction, lookup, lookahead; None = the press's
-    default) go to every press that takes them; one that no chosen press takes is an error.
+    ``options`` (window, kernel, pooling, profile, keep_instruction, lookup, lookahead; None =
+    the press's default) go to every press that takes them; one that no chosen press takes
+    is an error.
     Presses are looked up by registry name (:func:`make_press`), so presses added to
     ``ragsnap.compression.PRESSES`` later are selectable too.
     """
