@@ -80,6 +80,12 @@ class ServiceMetrics:
             "tokens of assembled document prefixes recomputed with the full context",
             registry=r,
         )
+        self.lookup_tokens = Counter(
+            "ragsnap_lookup_tokens",
+            "tokens prompt lookup drafted for decode steps (proposed) and the model kept (accepted)",
+            ["outcome"],
+            registry=r,
+        )
         self.kv_bytes = Counter(
             "ragsnap_kv_bytes",
             "KV cache bytes of answered prompts (full vs kept)",
@@ -107,7 +113,7 @@ class ServiceMetrics:
         )
         self.step_seconds = Histogram(
             "ragsnap_decode_step_seconds",
-            "seconds of one batched decode step (one token for every running request)",
+            "seconds of one batched decode step (a token, or a token and its draft, per request)",
             buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0),
             registry=r,
         )
@@ -137,6 +143,9 @@ class ServiceMetrics:
             self.reused_documents.inc(stats.reused_documents)
         if stats.recomputed_tokens:
             self.recomputed_tokens.inc(stats.recomputed_tokens)
+        if stats.lookup_proposed:
+            self.lookup_tokens.labels("proposed").inc(stats.lookup_proposed)
+            self.lookup_tokens.labels("accepted").inc(stats.lookup_accepted)
         if stats.cache_bytes_read:
             self.cache_bytes.labels("read").inc(stats.cache_bytes_read)
         if stats.cache_bytes_written:

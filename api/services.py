@@ -78,6 +78,7 @@ def load_engine(settings: Settings) -> RagSnapEngine:
         store=store,
         document_cache=settings.document_cache,
         recompute_share=settings.reuse_recompute,
+        speculate=settings.speculate,
     )
 
 

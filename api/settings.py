@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from ragsnap.runtime.prompt_lookup import DEFAULT_SPECULATE
+
 
 class Settings(BaseSettings):
     """Everything the service can be told. Every limit has a default that fits the
@@ -95,6 +97,14 @@ class Settings(BaseSettings):
     )
     max_top_k: int = Field(default=20, ge=1)
     default_top_k: int = Field(default=4, ge=1)
+
+    speculate: int = Field(
+        default=DEFAULT_SPECULATE,
+        ge=0,
+        le=16,
+        description="tokens a greedy answer drafts per decode step by prompt lookup, checked "
+        "in the same pass (0: off; answers unchanged)",
+    )
 
     # the worker queue
     max_queue: int = Field(default=8, ge=1, description="requests allowed to wait for the worker")

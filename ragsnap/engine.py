@@ -125,6 +125,7 @@ class RagSnapEngine:
         document_cache: bool = False,
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
         recompute_select: str = DEFAULT_SELECTION,
+        speculate: int = 0,
     ) -> None:
         """``store`` keeps compressed prompt caches (None or a ``none`` store: caching off);
         ``prefix_cache`` also keeps the full KV of document prefixes for new questions;
@@ -133,9 +134,11 @@ class RagSnapEngine:
         ``recompute_select`` (``"question"``: by the question's attention, ``"deviation"``:
         CacheBlend's layer-1 KV deviation, ``"both"``);
         ``storage_dtype`` (e.g. ``"bfloat16"``) stores KV smaller than the model computes it;
-        ``prefill_chunk`` prefills in chunks of that many tokens (None: one pass)."""
+        ``prefill_chunk`` prefills in chunks of that many tokens (None: one pass);
+        ``speculate`` lets greedy answers draft up to that many tokens per decode step by
+        prompt lookup (0: off; the answers stay those of plain greedy decoding)."""
         self.loaded = loaded
-        self.runtime = ModelRuntime(loaded, chunk=prefill_chunk)
+        self.runtime = ModelRuntime(loaded, chunk=prefill_chunk, speculate=speculate)
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
@@ -168,6 +171,7 @@ class RagSnapEngine:
         prefill_chunk: int | None = None,
         document_cache: bool = False,
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
+        speculate: int = 0,
         **kwargs: Any,
     ) -> RagSnapEngine:
         """Load ``model`` (see :func:`load_model` for ``kwargs``) and build an engine on it."""
@@ -179,6 +183,7 @@ class RagSnapEngine:
             prefill_chunk=prefill_chunk,
             document_cache=document_cache,
             recompute_share=recompute_share,
+            speculate=speculate,
         )
 
     def build_prompt(
@@ -325,7 +330,9 @@ class RagSnapEngine:
             ttft_s=round(
                 ttft_s if ttft_s is not None else time.perf_counter() - prepared.started, 4
             ),
-            decode_ms_per_token=round(1000 * row.decode_s / row.steps, 3) if row.steps else None,
+            decode_ms_per_token=(
+                round(1000 * row.decode_s / len(row.tokens), 3) if row.steps else None
+            ),
             new_tokens=len(row.tokens),
             decode_s=round(row.decode_s, 4),
             citations_mode=prepared.options.citations.mode,
@@ -344,6 +351,8 @@ class RagSnapEngine:
             finish_reason="length" if row.finish_reason == "length" else "stop",
             decode_reselections=row.votes.reselections if row.votes is not None else 0,
             drafted_tokens=prefill.drafted_tokens,
+            lookup_proposed=row.proposed,
+            lookup_accepted=row.accepted,
             dropped_doc_ids=layout.dropped_doc_ids,
             truncated_doc_ids=layout.truncated_doc_ids,
         )
@@ -389,6 +398,7 @@ class RagSnapEngine:
             stop,
             self.logits_processor(prepared),
             decode_compression=options.decode_compression,
+            context=prepared.layout.input_ids,
         )
         text = TextStream(self.tokenizer)
         ttft: float | None = None

@@ -217,6 +217,7 @@ class Scheduler:
             stop,
             logits_processor=self.engine.logits_processor(prepared),
             decode_compression=request.options.decode_compression,
+            context=prepared.layout.input_ids,
         )
         self._running[key] = _Running(request, prepared, row, TextStream(self.engine.tokenizer))
 

@@ -94,10 +94,11 @@ def test_the_draft_stops_before_an_end_token_and_returns_its_queries() -> None:
     runtime = engine.runtime
     cache = runtime.new_cache()
     logits = forward_chunk(model, runtime.cache_kwarg, prompt, cache, 0)
-    drafted = draft_queries(
+    drafted, tokens = draft_queries(
         model, runtime.cache_kwarg, cache, logits, PROMPT_LEN, AHEAD, stop_ids={draft[2]}
     )
     assert cache.get_seq_length() == PROMPT_LEN + 2  # two tokens drafted, then the stop
+    assert tokens == draft[:2]
     hidden, _ = reference_run(model, prompt + draft[:2])
     for layer_idx, queries in drafted.items():
         expected = reference_window_queries(model, layer_idx, hidden[layer_idx], 2)

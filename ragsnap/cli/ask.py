@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
             prefix_cache=args.prefix_cache,
             document_cache=args.document_cache,
             recompute_share=args.recompute_share,
+            speculate=args.speculate,
         )
     done: DoneEvent | None = None
     for event in engine.stream(args.question, documents, options, namespace=args.namespace):

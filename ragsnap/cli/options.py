@@ -10,6 +10,7 @@ from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
 from ragsnap.errors import ConfigError
 from ragsnap.generation import GenerationConfig
 from ragsnap.prompt import DOCUMENT_ORDERS
+from ragsnap.runtime.prompt_lookup import DEFAULT_SPECULATE
 
 if TYPE_CHECKING:
     from ragsnap.cache.store import KVStore
@@ -122,6 +123,13 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     group.add_argument("--seed", type=int, help="sampling seed (reproducible answers)")
+    group.add_argument(
+        "--speculate",
+        type=int,
+        default=DEFAULT_SPECULATE,
+        help="tokens a greedy answer drafts per decode step by prompt lookup, checked in the "
+        f"same pass (default {DEFAULT_SPECULATE}; 0: off; the answer is the same)",
+    )
 
 
 def press_from_args(args: argparse.Namespace) -> Press:
@@ -134,6 +142,8 @@ def press_from_args(args: argparse.Namespace) -> Press:
 
 
 def generation_from_args(args: argparse.Namespace) -> GenerationConfig:
+    if not 0 <= args.speculate <= 16:
+        raise ConfigError(f"--speculate must be 0-16, got {args.speculate}", field="speculate")
     return GenerationConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from ragsnap.cli.progress import loading_model
+from ragsnap.runtime.prompt_lookup import DEFAULT_SPECULATE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,6 +42,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--step-tokens",
         type=int,
         help="token budget of a scheduler step: prefill chunk + one per running request (128)",
+    )
+    parser.add_argument(
+        "--speculate",
+        type=int,
+        help="tokens a greedy answer drafts per decode step by prompt lookup (default "
+        f"{DEFAULT_SPECULATE}; 0: off)",
     )
     ray = parser.add_argument_group("Ray Serve (pip install 'ragsnap[ray]')")
     ray.add_argument(
@@ -80,6 +87,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
         "max_queue": args.max_queue,
         "max_batch": args.max_batch,
         "step_tokens": args.step_tokens,
+        "speculate": args.speculate,
     }
     return {k: v for k, v in given.items() if v is not None}
 

@@ -4,12 +4,17 @@ A :class:`DecodeBatch` holds any number of rows (requests) and advances all of t
 one model call per :meth:`DecodeBatch.step`. Rows join and leave between steps; a row's
 tokens depend only on its own cache and sampler, never on the other rows (up to float
 noise in the batched matmuls). One request decoding alone is a batch of one row.
+
+With ``speculate=k``, a greedy row also feeds up to ``k`` tokens drafted by prompt lookup
+(:mod:`ragsnap.runtime.prompt_lookup`) after its next token, and keeps those its own
+logits confirm: one step may then give a row several tokens, the same ones plain greedy
+decoding gives (up to float noise), for about the cost of one.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +26,7 @@ from ragsnap.generation import GenerationConfig, TokenSampler
 from ragsnap.runtime.attention import observe_attention
 from ragsnap.runtime.forward import BatchedKV, forward_rows
 from ragsnap.runtime.prefill import PrefillResult
+from ragsnap.runtime.prompt_lookup import PromptLookup
 
 # spare cache entries a new row reserves per layer; a longer answer grows its buffers
 RESERVE_TOKENS = 256
@@ -37,6 +43,8 @@ class DecodeRow:
     model steps this row took part in (its per-token latency, shared with its batch).
     ``logits_processor`` (optional) rewrites the row's logits before its sampler picks.
     ``votes`` (with decode-phase SnapKV) records its attention and bounds its cache.
+    ``lookup`` (greedy rows of a speculating batch) drafts its next tokens; ``proposed`` and
+    ``accepted`` count the drafted tokens fed and kept.
     """
 
     key: Hashable
@@ -50,12 +58,16 @@ class DecodeRow:
     decode_s: float = 0.0
     steps: int = 0
     votes: DecodeVotes | None = None
+    lookup: PromptLookup | None = None
+    proposed: int = 0
+    accepted: int = 0
 
 
 @dataclass
 class StepOutput:
-    """What one step did for one row: its new token (None when it stopped on an
-    end-of-turn token or was cancelled) and, when the row ended, why."""
+    """One new token of a row (None when it stopped on an end-of-turn token or was
+    cancelled) and, on the row's last output, why it ended. A step gives a row one output,
+    or several in order when it kept drafted tokens."""
 
     key: Hashable
     token: int | None
@@ -65,10 +77,18 @@ class StepOutput:
 class DecodeBatch:
     """Rows decoding together on one model (see the module docstring)."""
 
-    def __init__(self, model: Any, cache_kwarg: str, windows: list[int | None], stop_ids: set[int]):
+    def __init__(
+        self,
+        model: Any,
+        cache_kwarg: str,
+        windows: list[int | None],
+        stop_ids: set[int],
+        speculate: int = 0,
+    ):
         self.model = model
         self.cache_kwarg = cache_kwarg
         self.stop_ids = stop_ids
+        self.speculate = speculate
         self.kv = BatchedKV(windows)
         self.rows: list[DecodeRow] = []
         self._cancelled: set[Hashable] = set()
@@ -85,12 +105,16 @@ class DecodeBatch:
         should_stop: Callable[[list[int]], bool] | None = None,
         logits_processor: LogitsProcessor | None = None,
         decode_compression: DecodeSnapKV | None = None,
+        context: Sequence[int] = (),
     ) -> DecodeRow:
         """A new row decoding from ``prefill``; it takes part from the next step on.
 
         ``logits_processor(tokens, logits)`` runs on the row's logits before each pick
         (e.g. a constraint that masks tokens with ``-inf``); it sees only its own row.
         ``decode_compression`` keeps the row's cache near its starting length per layer.
+        ``context`` (the prompt's token ids) is where a speculating batch looks up drafts
+        for a greedy row without decode compression; the tokens a lookahead press drafted
+        on the full cache (``prefill.draft``) are its first guess.
 
         The prefill's cache is copied into the batch, so ``prefill`` stays reusable.
         """
@@ -106,6 +130,8 @@ class DecodeBatch:
         if decode_compression is not None:
             targets = [k.shape[-2] for k, _ in prefill.layers]
             row.votes = DecodeVotes(decode_compression, targets)
+        elif self.speculate and generation.greedy and context:
+            row.lookup = PromptLookup(context, self.stop_ids, expected=prefill.draft)
         self.kv.add(
             prefill.layers,
             prefill.original_length,
@@ -120,53 +146,102 @@ class DecodeBatch:
         self._cancelled.add(key)
 
     def step(self) -> list[StepOutput]:
-        """Pick every row's next token, retire finished rows, run one model call for the rest."""
+        """Pick every row's next token, retire finished rows, run one model call for the rest
+        (with each speculating row's draft after its token), then keep what it confirms."""
         outputs: list[StepOutput] = []
-        going: list[int] = []
-        for index, row in enumerate(self.rows):
+        for row in self.rows:
             token: int | None = None
             if row.key in self._cancelled:
                 row.finish_reason = "cancelled"
             else:
-                logits = row.next_logits
-                if row.logits_processor is not None:
-                    logits = row.logits_processor(row.tokens, logits)
-                token = row.sampler(logits)
+                token = self._choose(row, row.next_logits)
                 if token in self.stop_ids:
                     token, row.finish_reason = None, "stop"
                 else:
-                    row.tokens.append(token)
-                    if len(row.tokens) >= row.generation.max_new_tokens:
-                        row.finish_reason = "length"
-                    elif row.should_stop is not None and row.should_stop(row.tokens):
-                        row.finish_reason = "stop"
+                    self._append(row, token)
             outputs.append(StepOutput(row.key, token, row.finish_reason))
-            if row.finish_reason is None:
-                going.append(index)
         self._cancelled.difference_update(o.key for o in outputs if o.finish_reason)
+        self._retire()
+        if not self.rows:
+            return outputs
+        drafts = self._drafts()
+        started = time.perf_counter()
+        voting = [(r, row.votes) for r, row in enumerate(self.rows) if row.votes is not None]
+        with observe_attention(self._recorder(voting)) if voting else nullcontext():
+            logits = forward_rows(
+                self.model,
+                self.cache_kwarg,
+                self.kv,
+                [[row.tokens[-1], *draft] for row, draft in zip(self.rows, drafts, strict=True)],
+                last=not any(drafts),
+            )
+        self._reselect(voting)
+        if logits.is_cuda:
+            torch.cuda.synchronize(logits.device)
+        self.last_step_s = time.perf_counter() - started
+        for r, (row, draft) in enumerate(zip(self.rows, drafts, strict=True)):
+            row.decode_s += self.last_step_s
+            row.steps += 1
+            if logits.dim() == 2:
+                row.next_logits = logits[r : r + 1]
+                continue
+            kept = self._verify(row, draft, logits[r], outputs)
+            row.next_logits = logits[r, kept : kept + 1]
+            self.kv.retract(r, len(draft) - kept)
+        self._retire()
+        return outputs
+
+    def _choose(self, row: DecodeRow, logits: torch.Tensor) -> int:
+        """The token ``row``'s sampler picks from ``logits`` ``[1, V]`` after its processor."""
+        if row.logits_processor is not None:
+            logits = row.logits_processor(row.tokens, logits)
+        return row.sampler(logits)
+
+    def _append(self, row: DecodeRow, token: int) -> None:
+        """Give ``row`` the (non-stop) ``token``; ends the row at its length or stop rule."""
+        row.tokens.append(token)
+        if row.lookup is not None:
+            row.lookup.extend((token,))
+        if len(row.tokens) >= row.generation.max_new_tokens:
+            row.finish_reason = "length"
+        elif row.should_stop is not None and row.should_stop(row.tokens):
+            row.finish_reason = "stop"
+
+    def _retire(self) -> None:
+        """Drop the rows that ended (their caches leave the batch)."""
+        going = [i for i, row in enumerate(self.rows) if row.finish_reason is None]
         if len(going) < len(self.rows):
             self.kv.keep(going)
             self.rows = [self.rows[i] for i in going]
-        if self.rows:
-            started = time.perf_counter()
-            voting = [(r, row.votes) for r, row in enumerate(self.rows) if row.votes is not None]
-            with observe_attention(self._recorder(voting)) if voting else nullcontext():
-                logits = forward_rows(
-                    self.model,
-                    self.cache_kwarg,
-                    self.kv,
-                    [[r.tokens[-1]] for r in self.rows],
-                    last=True,
-                )
-            self._reselect(voting)
-            if logits.is_cuda:
-                torch.cuda.synchronize(logits.device)
-            self.last_step_s = time.perf_counter() - started
-            for r, row in enumerate(self.rows):
-                row.next_logits = logits[r : r + 1]
-                row.decode_s += self.last_step_s
-                row.steps += 1
-        return outputs
+
+    def _drafts(self) -> list[list[int]]:
+        """Per row, the tokens it feeds after its next one (none for a row that does not
+        speculate, and for every row while some row's attention is recorded: one query
+        per row then)."""
+        if not self.speculate or any(row.votes is not None for row in self.rows):
+            return [[] for _ in self.rows]
+        out = []
+        for row in self.rows:
+            room = row.generation.max_new_tokens - len(row.tokens)
+            draft = row.lookup.draft(min(self.speculate, room)) if row.lookup else []
+            row.proposed += len(draft)
+            out.append(draft)
+        return out
+
+    def _verify(
+        self, row: DecodeRow, draft: list[int], logits: torch.Tensor, outputs: list[StepOutput]
+    ) -> int:
+        """Keep the longest prefix of ``draft`` that ``row`` picks itself from ``logits``
+        (``[q, V]``: position ``j`` predicts the token after ``draft[:j]``); returns its length."""
+        for j, token in enumerate(draft):
+            if self._choose(row, logits[j : j + 1]) != token:
+                return j
+            self._append(row, token)
+            row.accepted += 1
+            outputs.append(StepOutput(row.key, token, row.finish_reason))
+            if row.finish_reason is not None:
+                return j + 1
+        return len(draft)
 
     def _recorder(
         self, voting: list[tuple[int, DecodeVotes]]

@@ -209,6 +209,12 @@ class BatchedKV:
         self.lengths += step.unsqueeze(1)
         self.positions += step
 
+    def retract(self, row: int, count: int) -> None:
+        """Forget row ``row``'s last ``count`` new entries (drafted tokens it did not keep)."""
+        if count:
+            self.lengths[row] -= count
+            self.positions[row] -= count
+
 
 @functools.cache
 def _buffer_layer_class() -> type:

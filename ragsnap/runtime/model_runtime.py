@@ -25,15 +25,17 @@ from ragsnap.runtime.teacher_force import teacher_force
 class ModelRuntime:
     """A loaded model with ragsnap's attention function installed.
 
-    ``chunk`` is the prefill chunk size in tokens (None: one pass per prompt).
+    ``chunk`` is the prefill chunk size in tokens (None: one pass per prompt); ``speculate``
+    the most tokens a greedy decode row drafts by prompt lookup per step (0: none).
     """
 
-    def __init__(self, loaded: LoadedModel, chunk: int | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, chunk: int | None = None, speculate: int = 0) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
         self.chunk = chunk
+        self.speculate = speculate
         self.cache_kwarg = loaded.cache_kwarg
         self.stop_ids = stop_token_ids(self.tokenizer, self.model)
         self.windows = sliding_windows(self.model.config)
@@ -164,7 +166,7 @@ class ModelRuntime:
         """An empty batch of decoding rows on this model (``stop_ids``: end-of-turn tokens,
         the model's own by default; an empty set decodes to the length limit)."""
         stops = self.stop_ids if stop_ids is None else stop_ids
-        return DecodeBatch(self.model, self.cache_kwarg, self.windows, stops)
+        return DecodeBatch(self.model, self.cache_kwarg, self.windows, stops, self.speculate)
 
     def teacher_force(
         self, prefills: Sequence[PrefillResult], tokens: Sequence[int]

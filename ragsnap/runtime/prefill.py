@@ -49,7 +49,12 @@ class PrefillResult:
     processed_tokens: int
     # layer -> [1, Hkv, n] logit bias of the kept keys (Attention Matching); empty = none
     bias: dict[int, torch.Tensor] = field(default_factory=dict)
-    drafted_tokens: int = 0  # answer tokens drafted on the full cache to vote (LookaheadPress)
+    # the answer's first tokens, drafted greedily on the full cache to vote (LookaheadPress)
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def drafted_tokens(self) -> int:
+        return len(self.draft)
 
     @property
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -118,18 +123,20 @@ def draft_queries(
     position: int,
     tokens: int,
     stop_ids: Collection[int],
-) -> dict[int, torch.Tensor]:
+) -> tuple[dict[int, torch.Tensor], list[int]]:
     """Greedily draft up to ``tokens`` tokens after a prompt of ``position`` tokens held in
     ``cache`` (``logits``: ``[1, V]`` at its last position), appending their KV, and stop
     before an end-of-turn token (``stop_ids``). Returns, per layer, the drafted tokens'
-    queries ``[1, Hq, k, D]`` (empty when the first token ends the turn)."""
+    queries ``[1, Hq, k, D]`` (empty when the first token ends the turn), and the tokens."""
+    drafted: list[int] = []
     with query_capture(model) as captured:
         for i in range(tokens):
             token = int(logits[0].argmax())
             if token in stop_ids:
                 break
+            drafted.append(token)
             logits = forward_chunk(model, cache_kwarg, [token], cache, position + i)
-    return {layer: torch.cat(queries, dim=2) for layer, queries in captured.items()}
+    return {layer: torch.cat(queries, dim=2) for layer, queries in captured.items()}, drafted
 
 
 def prefill(
@@ -168,7 +175,7 @@ def prefill(
     starts = chunk_starts(start, len(input_ids), chunk, window)
     # a sliding layer's cache cannot be cut back after a draft
     ahead = 0 if any(sliding_windows(model.config)) else lookahead_tokens(*press_list)
-    drafted = None
+    drafted, draft = None, []
     _sync(device)
     started = time.perf_counter()
     for begin, end in zip(starts, starts[1:], strict=False):
@@ -190,12 +197,11 @@ def prefill(
         logits = forward_chunk(model, cache_kwarg, input_ids[starts[-1] :], cache, starts[-1])
         recorder.armed = False
         if ahead:
-            drafted = (
-                draft_queries(model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids)
-                or None
+            drafted, draft = draft_queries(
+                model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids
             )
             cache.crop(len(input_ids) - cache.get_seq_length())
-            recorder.compress_pending(cache, drafted)
+            recorder.compress_pending(cache, drafted or None)
     _sync(device)
     prefill_s = time.perf_counter() - started
     results = []
@@ -214,7 +220,7 @@ def prefill(
                 kv_bytes_full=recorder.bytes_seen,
                 kv_bytes_kept=cache_nbytes(kept_cache),
                 processed_tokens=len(input_ids) - start,
-                drafted_tokens=0 if drafted is None else next(iter(drafted.values())).shape[2],
+                draft=list(draft),
             )
         )
     return results

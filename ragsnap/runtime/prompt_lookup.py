@@ -1,0 +1,76 @@
+"""Prompt lookup: draft a row's next tokens by finding its last words earlier in its context.
+
+A RAG answer copies from its documents: names, dates, whole phrases. When the answer's
+last ``n`` tokens also occur in the prompt (or earlier in the answer), the tokens that
+followed them there are a cheap guess at what comes next. The decode loop feeds the guess
+to the model with the row's next token in one pass and keeps the longest prefix the model
+itself would have picked (greedy), so the answer is the one plain decoding gives; on a CPU
+a pass over a few tokens costs little more than over one, since it reads every weight once
+either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+# the most tokens a row drafts per step where nothing else is said (serve, ask)
+DEFAULT_SPECULATE = 4
+
+# the longest and shortest n-gram looked up (longer matches are tried first)
+MAX_NGRAM = 3
+MIN_NGRAM = 2
+
+
+class PromptLookup:
+    """The n-gram index of one row's context (its prompt, then its answer so far).
+
+    ``draft(k)`` proposes up to ``k`` tokens: the next expected ones while the answer
+    agrees with them, else what followed the latest earlier occurrence of the context's
+    last ``n`` tokens, for the longest ``n`` in ``[MIN_NGRAM, MAX_NGRAM]`` that occurs;
+    cut before any token in ``stop_ids``.
+    """
+
+    def __init__(
+        self, prompt: Sequence[int], stop_ids: Iterable[int] = (), expected: Sequence[int] = ()
+    ) -> None:
+        """``expected``: the answer's likely first tokens (e.g. drafted on the full cache by a
+        lookahead press); drafts follow them while the answer so far agrees with them."""
+        self.tokens: list[int] = []
+        self.stop_ids = frozenset(stop_ids)
+        self.answer_start = len(prompt)
+        self.expected = list(expected)
+        # n-gram -> the position just after its latest occurrence that has a successor
+        self._next: dict[tuple[int, ...], int] = {}
+        self.extend(prompt)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append ``tokens`` to the context."""
+        for token in tokens:
+            self.tokens.append(token)
+            end = len(self.tokens) - 1  # the n-grams ending just before ``token``
+            for n in range(MIN_NGRAM, MAX_NGRAM + 1):
+                if end >= n:
+                    self._next[tuple(self.tokens[end - n : end])] = end
+
+    def draft(self, k: int) -> list[int]:
+        """Up to ``k`` tokens that may follow the context (empty when nothing matches)."""
+        if k < 1:
+            return []
+        done = len(self.tokens) - self.answer_start
+        if done < len(self.expected) and self.tokens[self.answer_start :] == self.expected[:done]:
+            return self._until_stop(self.expected[done : done + k])
+        for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
+            if len(self.tokens) <= n:
+                continue
+            start = self._next.get(tuple(self.tokens[-n:]))
+            if start is None:
+                continue
+            if out := self._until_stop(self.tokens[start : start + k]):
+                return out
+        return []
+
+    def _until_stop(self, tokens: list[int]) -> list[int]:
+        for i, token in enumerate(tokens):
+            if token in self.stop_ids:
+                return tokens[:i]
+        return tokens

@@ -1,0 +1,103 @@
+"""Prompt-lookup speculation: greedy rows keep exactly the tokens plain decoding gives."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragsnap.compression.lookahead import LookaheadPress
+from ragsnap.compression.snapkv import SnapKVPress
+from ragsnap.generation import GenerationConfig
+from ragsnap.runtime.prompt_lookup import PromptLookup
+from tests.test_runtime import REQUESTS, tiny_prefills
+from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_engine
+
+
+def decode(runtime, requests, contexts, stop_ids=frozenset()):
+    batch = runtime.decode_batch(set(stop_ids))
+    rows = [
+        batch.add(i, p, g, context=c)
+        for i, ((p, g), c) in enumerate(zip(requests, contexts, strict=True))
+    ]
+    steps = 0
+    while len(batch):
+        batch.step()
+        steps += 1
+    return rows, steps
+
+
+def test_lookup_drafts_what_followed_the_longest_latest_match() -> None:
+    lookup = PromptLookup([5, 6, 7, 8, 9, 1, 6, 7, 3, 4], stop_ids={4})
+    lookup.extend([6, 7])
+    assert lookup.draft(4) == [3]  # the latest "6 7" was followed by 3, then the stop token
+    lookup.extend([3])
+    assert lookup.draft(2) == []  # "7 3" is followed by the stop token only
+    lookup = PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 7])
+    lookup.extend([1, 2, 3])
+    assert lookup.draft(3) == [4, 5, 9]  # the trigram "1 2 3" wins over the later "2 3"
+    assert lookup.draft(0) == [] and PromptLookup([1, 2]).draft(3) == []
+
+
+def test_expected_tokens_lead_while_the_answer_agrees_with_them() -> None:
+    lookup = PromptLookup([1, 2, 3, 1, 2, 5], expected=[7, 8, 9, 4])
+    assert lookup.draft(2) == [7, 8]
+    lookup.extend([7])
+    assert lookup.draft(8) == [8, 9, 4]
+    lookup.extend([8, 1, 2])  # the answer left the expected tokens: back to the n-grams
+    assert lookup.draft(2) == [5, 7]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_speculating_rows_decode_exactly_as_plain_rows(arch) -> None:
+    """With the plain answers in their contexts, drafts are right and kept; with the
+    prompts alone, they are mostly wrong and thrown away: the tokens are the same."""
+    engine = tiny_engine(arch)
+    requests = tiny_prefills(engine)
+    prompts = [random_prompt(length, seed=length) for length, _, _ in REQUESTS]
+    plain, plain_steps = decode(engine.runtime, requests, prompts)
+    answers = [row.tokens for row in plain]
+    assert not any(row.proposed for row in plain)
+    engine.runtime.speculate = 4
+    for contexts in (prompts, [p + a for p, a in zip(prompts, answers, strict=True)]):
+        rows, steps = decode(engine.runtime, requests, contexts)
+        assert [row.tokens for row in rows] == answers
+        assert all(row.accepted <= row.proposed for row in rows)
+    # given the answers, most drafted tokens are right and the batch needs fewer steps
+    assert sum(r.accepted for r in rows) > sum(len(a) for a in answers) / 2
+    assert steps < plain_steps
+    assert all(row.steps < len(row.tokens) for row in rows)
+
+
+def test_a_sampling_row_never_drafts_and_a_drafting_row_stops_at_its_length() -> None:
+    engine = tiny_engine("llama")
+    engine.runtime.speculate = 8
+    ((prefill, _),) = tiny_prefills(engine)[:1]
+    prompt = random_prompt(REQUESTS[0][0], seed=REQUESTS[0][0])
+    greedy = GenerationConfig(max_new_tokens=5)
+    plain = engine.runtime.decode_batch(set())
+    answer = plain.add(0, prefill, GenerationConfig(max_new_tokens=30))
+    while len(plain):
+        plain.step()
+    rows, _ = decode(
+        engine.runtime,
+        [(prefill, greedy), (prefill, GenerationConfig(max_new_tokens=5, temperature=0.8, seed=1))],
+        [prompt + answer.tokens] * 2,
+    )
+    assert rows[0].tokens == answer.tokens[:5] and rows[0].finish_reason == "length"
+    assert rows[1].proposed == 0 and len(rows[1].tokens) == 5
+
+
+def test_a_lookahead_draft_is_the_first_guess_and_kept_where_the_cache_lost_nothing() -> None:
+    engine = tiny_engine("llama")
+    prompt = random_prompt(60, seed=2)
+    # a budget above the prompt's length: the compressed cache is the full one
+    prefill = engine.runtime.prefill(
+        prompt, LookaheadPress(SnapKVPress(budget=64, window=8), tokens=6)
+    )
+    generation = GenerationConfig(max_new_tokens=10)
+    (plain,), _ = decode(engine.runtime, [(prefill, generation)], [prompt])
+    assert len(prefill.draft) == 6 and plain.tokens[:6] == prefill.draft
+    engine.runtime.speculate = 8
+    (row,), steps = decode(engine.runtime, [(prefill, generation)], [prompt])
+    assert row.tokens == plain.tokens
+    assert row.accepted >= 5  # the first step kept the five drafted tokens after its own
+    assert steps <= len(plain.tokens) - 4
