@@ -79,6 +79,7 @@ def load_engine(settings: Settings) -> RagSnapEngine:
         document_cache=settings.document_cache,
         recompute_share=settings.reuse_recompute,
         speculate=settings.speculate,
+        speculate_ngrams=settings.speculate_ngrams,
     )
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ragsnap.runtime.prompt_lookup import DEFAULT_SPECULATE
+from ragsnap.runtime.drafts import DEFAULT_SPECULATE
 
 
 class Settings(BaseSettings):
@@ -102,8 +102,13 @@ class Settings(BaseSettings):
         default=DEFAULT_SPECULATE,
         ge=0,
         le=16,
-        description="tokens a greedy answer drafts per decode step by prompt lookup, checked "
-        "in the same pass (0: off; answers unchanged)",
+        description="drafted tokens a greedy answer feeds per decode step, checked in the "
+        "same pass: those the lookahead press drafted (0: off; answers unchanged)",
+    )
+    speculate_ngrams: bool = Field(
+        default=False,
+        description="also draft by prompt n-grams (paid off only where a pass over a few "
+        "more tokens costs little: bench speculate)",
     )
 
     # the worker queue

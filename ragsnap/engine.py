@@ -126,6 +126,7 @@ class RagSnapEngine:
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
         recompute_select: str = DEFAULT_SELECTION,
         speculate: int = 0,
+        speculate_ngrams: bool = False,
     ) -> None:
         """``store`` keeps compressed prompt caches (None or a ``none`` store: caching off);
         ``prefix_cache`` also keeps the full KV of document prefixes for new questions;
@@ -135,10 +136,13 @@ class RagSnapEngine:
         CacheBlend's layer-1 KV deviation, ``"both"``);
         ``storage_dtype`` (e.g. ``"bfloat16"``) stores KV smaller than the model computes it;
         ``prefill_chunk`` prefills in chunks of that many tokens (None: one pass);
-        ``speculate`` lets greedy answers draft up to that many tokens per decode step by
-        prompt lookup (0: off; the answers stay those of plain greedy decoding)."""
+        ``speculate`` lets a greedy answer feed up to that many drafted tokens per decode
+        step (0: off; the answers stay those of plain greedy decoding): those a lookahead
+        press drafted and, with ``speculate_ngrams``, prompt n-grams."""
         self.loaded = loaded
-        self.runtime = ModelRuntime(loaded, chunk=prefill_chunk, speculate=speculate)
+        self.runtime = ModelRuntime(
+            loaded, chunk=prefill_chunk, speculate=speculate, ngrams=speculate_ngrams
+        )
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
@@ -172,6 +176,7 @@ class RagSnapEngine:
         document_cache: bool = False,
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
         speculate: int = 0,
+        speculate_ngrams: bool = False,
         **kwargs: Any,
     ) -> RagSnapEngine:
         """Load ``model`` (see :func:`load_model` for ``kwargs``) and build an engine on it."""
@@ -184,6 +189,7 @@ class RagSnapEngine:
             document_cache=document_cache,
             recompute_share=recompute_share,
             speculate=speculate,
+            speculate_ngrams=speculate_ngrams,
         )
 
     def build_prompt(

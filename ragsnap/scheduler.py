@@ -234,10 +234,11 @@ class Scheduler:
             for running in failed:
                 running.request.fail(exc)
             return
-        self.stats.batch_size, self.stats.step_s = len(outputs), self.batch.last_step_s
+        rows = len({out.key for out in outputs})  # a row may give several tokens (drafts)
+        self.stats.batch_size, self.stats.step_s = rows, self.batch.last_step_s
         self.stats.steps += 1
         if self.stats.on_step is not None:
-            self.stats.on_step(len(outputs), self.batch.last_step_s)
+            self.stats.on_step(rows, self.batch.last_step_s)
         now = time.perf_counter()
         for out in outputs:
             running = self._running[int(out.key)]  # type: ignore[call-overload]

@@ -40,3 +40,18 @@ def test_the_default_press_is_a_setting_checked_at_start(monkeypatch):
     monkeypatch.setenv("RAGSNAP_DEFAULT_PRESS", "zip")
     with pytest.raises(ConfigError, match="default_press.*unknown press 'zip'"):
         settings_from_args(build_parser().parse_args(["serve"]))
+
+
+def test_speculation_is_a_bounded_setting(monkeypatch):
+    from ragsnap.cli.serve import settings_from_args
+
+    settings = settings_from_args(build_parser().parse_args(["serve"]))
+    assert (settings.speculate, settings.speculate_ngrams) == (8, False)
+    args = build_parser().parse_args(["serve", "--speculate", "0", "--speculate-ngrams"])
+    assert (settings_from_args(args).speculate, settings_from_args(args).speculate_ngrams) == (
+        0,
+        True,
+    )
+    monkeypatch.setenv("RAGSNAP_SPECULATE", "17")
+    with pytest.raises(ConfigError, match="speculate"):
+        settings_from_args(build_parser().parse_args(["serve"]))

@@ -175,6 +175,8 @@ def test_peer_run_against_ragsnap_and_a_stub_peer(tiny, tmp_path: Path, capsys) 
     report = json.loads(capsys.readouterr().out)
     assert set(report["runs"]) == {"c1", "c2"}
     assert report["setup"]["vllm"]["prefix_caching"] is True
+    # the peer computes in the dtype ragsnap computes in here, unless told otherwise
+    assert report["setup"]["vllm"]["dtype"] == report["setup"]["ragsnap"]["dtype"]
     for level in report["runs"].values():
         assert set(level) == {"cold", "repeated", "new_question"}
         for entry in level.values():
@@ -256,3 +258,10 @@ def test_new_questions_ask_about_a_gold_document_by_its_title_or_first_words() -
     numbered = EvalItem("b", "q?", docs, gold_doc_ids=["3"])
     assert topic(numbered, docs) == "Variants upstream of the gene change"
     assert topic(EvalItem("c", "q?", docs), docs) == "Distractor"
+
+
+def test_vllm_is_started_in_the_dtype_it_is_given() -> None:
+    from ragsnap.bench.peer_servers import vllm_argv
+
+    argv = vllm_argv("python", "model", 8001, 8, "float32", ["--enforce-eager"])
+    assert argv[argv.index("--dtype") + 1] == "float32" and argv[-1] == "--enforce-eager"

@@ -262,3 +262,18 @@ def test_the_default_press_is_cached_and_reuses_prefixes(engine, redis_server, n
     reused = ask(eng, Q2, ns, opts)
     assert reused.stats.cache == "prefix-hit"
     assert reused.answer == engine.answer(Q2, DOCS, opts).answer
+
+
+def test_an_exact_hit_brings_back_the_draft_that_speeds_its_decode(engine, redis_server, ns):
+    from ragsnap.compression import make_press
+
+    opts = options(press=make_press(budget=48))  # the default press drafts 8 tokens
+    eng = redis_engine(engine, redis_server.url, speculate=8)
+    layout = eng.build_prompt(Q1, DOCS, opts.generation, order="given")
+    missed, _ = eng.tiers.prefill(layout, opts.press, Q1, ns)
+    hit, report = eng.tiers.prefill(layout, opts.press, Q1, ns)
+    assert report.status == "hit" and hit.draft == missed.draft and missed.draft
+    first, again = ask(eng, Q1, ns + "-x", opts), ask(eng, Q1, ns + "-x", opts)
+    assert (first.stats.cache, again.stats.cache) == ("miss", "hit")
+    assert again.answer == first.answer
+    assert again.stats.lookup_accepted == first.stats.lookup_accepted > 0

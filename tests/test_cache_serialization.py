@@ -58,6 +58,7 @@ def _serialize(length: int = 50, storage_dtype=None, **kwargs):
         kv_bytes_full=1234,
         storage_dtype=storage_dtype,
         decode_bias={1: torch.full((1, 2, 12), 0.5)},
+        draft=[7, 0, 99],
         **MODEL,
     )
     return payload, layers, kept, logits
@@ -78,6 +79,7 @@ def test_compressed_round_trip_is_bit_identical(length):
         assert (a.bias is None and b.bias is None) or torch.equal(a.bias, b.bias)
     assert stored.kept[0].keys is stored.layers[0][0]  # shared, not stored twice
     assert torch.equal(stored.decode_bias[1], torch.full((1, 2, 12), 0.5))
+    assert stored.draft == [7, 0, 99]
     assert read_metadata(payload)["format_version"] == FORMAT_VERSION
 
 
@@ -128,6 +130,12 @@ def test_stale_version_wrong_model_and_garbage_are_stale_entries():
     )
     with pytest.raises(StaleEntry, match="kind"):
         deserialize_prefill(prefix, **MODEL)
+    # drafted tokens the model has no embedding for would fail the decode batch
+    for draft in ("[100]", "[-1]", "[1.5]", '{"a": 1}', '["7"]'):
+        with pytest.raises(StaleEntry, match="vocabulary"):
+            deserialize_prefill(save(tensors, metadata={**meta, "draft": draft}), **MODEL)
+    without = {k: v for k, v in meta.items() if k != "draft"}  # written before drafts
+    assert deserialize_prefill(save(tensors, metadata=without), **MODEL).draft == []
 
 
 def test_prefix_round_trip_and_length_check():

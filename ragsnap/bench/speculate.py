@@ -1,11 +1,13 @@
-"""``ragsnap bench speculate``: decode speed with prompt-lookup drafts, against plain decoding.
+"""``ragsnap bench speculate``: decode speed with drafted tokens, against plain decoding.
 
 Real RAG prompts (a data set in ``../shared/data`` layout, built as ``bench peer`` builds
 them: the data set's questions and open "what do the documents say about X" questions over
 the same documents) are prefilled once with the press. Then, for each concurrency ``c``,
-every prompt's answer is decoded greedily in batches of ``c`` rows, once per draft length
-in ``--speculate`` (0 is plain decoding), the draft lengths taking turns within each
-repetition so machine noise hits them alike. Reported per ``c`` and draft length (medians
+every prompt's answer is decoded greedily in batches of ``c`` rows, once per mode in
+``--speculate``: ``0`` is plain decoding, ``K`` feeds up to ``K`` of the tokens the
+lookahead press drafted, ``K+ngrams`` prompt n-grams too (:mod:`ragsnap.runtime.drafts`);
+the modes take turns within each repetition so machine noise hits them alike.
+Reported per ``c`` and mode (medians
 over repetitions): decode tokens/s, answer tokens per model pass, the share of drafted
 tokens kept, the speed-up over plain decoding in the same repetitions, and the share of
 answers identical to plain decoding's (greedy: they should all be).
@@ -25,6 +27,7 @@ import torch
 
 from ragsnap.cli.options import add_dtype_option
 from ragsnap.cli.progress import loading_model
+from ragsnap.compression import DEFAULT_PRESS
 from ragsnap.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -41,11 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--concurrency", default="1,4,8", help="rows decoded together")
     parser.add_argument(
-        "--speculate", default="0,4", help="draft lengths to compare (0: plain decoding)"
+        "--speculate",
+        default="0,8,8+ngrams",
+        help="modes to compare: 0 (plain decoding), K (up to K drafted tokens a step), K+ngrams",
     )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument(
-        "--press", default="ragsnap", help="the press the prompts are prefilled with"
+        "--press",
+        default=DEFAULT_PRESS,
+        help="the press the prompts are prefilled with (a lookahead press drafts tokens)",
     )
     parser.add_argument("--budget", type=int, default=256, help="tokens kept per KV head")
     parser.add_argument("--repeats", type=int, default=2, help="repetitions; medians are reported")
@@ -56,9 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def decode_all(engine: Any, prepared: list[Any], rows: int, speculate: int) -> dict[str, Any]:
-    """Decode every prepared answer, ``rows`` at a time, drafting up to ``speculate``."""
-    engine.runtime.speculate = speculate
+def decode_all(engine: Any, prepared: list[Any], rows: int, mode: str) -> dict[str, Any]:
+    """Decode every prepared answer, ``rows`` at a time, drafting as ``mode`` says."""
+    tokens, _, ngrams = mode.partition("+")
+    engine.runtime.speculate, engine.runtime.ngrams = int(tokens), bool(ngrams)
     answers: list[list[int]] = []
     seconds = 0.0
     passes = proposed = accepted = 0
@@ -88,18 +96,19 @@ def decode_all(engine: Any, prepared: list[Any], rows: int, speculate: int) -> d
 
 
 def measure(
-    engine: Any, prepared: list[Any], levels: list[int], lengths: list[int], repeats: int
+    engine: Any, prepared: list[Any], levels: list[int], modes: list[str], repeats: int
 ) -> list[dict[str, Any]]:
-    """The JSON rows: per concurrency and draft length, medians over ``repeats``."""
+    """The JSON rows: per concurrency and mode, medians over ``repeats`` (speed-ups are to
+    the first mode)."""
     out = []
     for c in levels:
-        runs: dict[int, list[dict[str, Any]]] = {k: [] for k in lengths}
+        runs: dict[str, list[dict[str, Any]]] = {k: [] for k in modes}
         for rep in range(repeats):
-            for k in lengths[rep % len(lengths) :] + lengths[: rep % len(lengths)]:
+            for k in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
                 runs[k].append(decode_all(engine, prepared, c, k))
             logger.info("concurrency %d, repetition %d/%d", c, rep + 1, repeats)
-        base = runs[lengths[0]]
-        for k in lengths:
+        base = runs[modes[0]]
+        for k in modes:
             tps = [r["tokens"] / r["seconds"] for r in runs[k]]
             same = [a == b for a, b in zip(runs[k][0]["answers"], base[0]["answers"], strict=True)]
             last = runs[k][-1]
@@ -158,23 +167,37 @@ def prepare(engine: Any, args: argparse.Namespace) -> list[Any]:
     return prepared
 
 
-def parse_list(text: str, name: str, least: int) -> list[int]:
+def parse_levels(text: str) -> list[int]:
     try:
         values = list(dict.fromkeys(int(v) for v in text.split(",") if v.strip()))
     except ValueError:
-        raise ConfigError(f"--{name}: not a list of integers: {text!r}", field=name) from None
-    if not values or min(values) < least:
-        raise ConfigError(f"--{name}: integers of at least {least}, got {text!r}", field=name)
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(
+            f"--concurrency: integers of at least 1, got {text!r}", field="concurrency"
+        )
     return values
+
+
+def parse_modes(text: str) -> list[str]:
+    """``0,8,8+ngrams`` -> the modes, checked (0-16 tokens, optionally ``+ngrams``)."""
+    modes = list(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    for mode in modes:
+        tokens, plus, ngrams = mode.partition("+")
+        if not (tokens.isdigit() and int(tokens) <= 16 and ngrams == ("ngrams" if plus else "")):
+            raise ConfigError(
+                f"--speculate: {mode!r} is not 0-16 or 0-16+ngrams", field="speculate"
+            )
+    if not modes:
+        raise ConfigError("--speculate is empty", field="speculate")
+    return modes
 
 
 def run(args: argparse.Namespace) -> int:
     from ragsnap.engine import RagSnapEngine
 
-    levels = parse_list(args.concurrency, "concurrency", 1)
-    lengths = parse_list(args.speculate, "speculate", 0)
-    if max(lengths) > 16:
-        raise ConfigError("--speculate: at most 16 tokens per step", field="speculate")
+    levels = parse_levels(args.concurrency)
+    modes = parse_modes(args.speculate)
     for name in ("prompts", "repeats", "max_new_tokens", "budget"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1", field=name)
@@ -183,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     with loading_model(args.model, args.device):
         engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype)
     prepared = prepare(engine, args)
-    rows = measure(engine, prepared, levels, lengths, args.repeats)
+    rows = measure(engine, prepared, levels, modes, args.repeats)
     report = {
         "model": engine.loaded.model_id,
         "device": str(engine.device),

@@ -254,6 +254,7 @@ class CachedPrefill:
             kv_bytes_kept=cache_nbytes(cache),
             processed_tokens=0,
             bias=stored.decode_bias,
+            draft=stored.draft,
         )
 
     # -- prefix hit and miss ----------------------------------------------------------
@@ -359,4 +360,5 @@ class CachedPrefill:
             revision=loaded.revision,
             storage_dtype=self.storage_dtype,
             decode_bias=result.bias,
+            draft=result.draft,
         )

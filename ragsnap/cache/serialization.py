@@ -12,7 +12,7 @@ config and dtypes; an entry of another format version is :class:`StaleEntry`.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +166,7 @@ class StoredPrefill:
     press_config: dict[str, Any]
     kv_bytes_full: int
     decode_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [1, Hkv, n]
+    draft: list[int] = field(default_factory=list)  # the lookahead's tokens (PrefillResult.draft)
 
 
 def serialize_prefill(
@@ -180,6 +181,7 @@ def serialize_prefill(
     revision: str,
     storage_dtype: torch.dtype | None = None,
     decode_bias: Mapping[int, torch.Tensor] | None = None,
+    draft: Sequence[int] = (),
 ) -> bytes:
     """A compressed entry as bytes. ``layers`` are the cache's ``(keys, values)`` per layer
     (``[1, Hkv, n_i, D]``); each ``kept`` layer is matched to the cache layer holding its
@@ -217,6 +219,7 @@ def serialize_prefill(
         "kv_bytes_full": str(kv_bytes_full),
         "kept_layers": json.dumps(kept_layers),
         "decode_bias_layers": json.dumps(sorted(int(i) for i in (decode_bias or {}))),
+        "draft": json.dumps([int(t) for t in draft]),
         "num_layers": str(len(layers)),
         "dtype": _dtype_name(model_dtype),
         "storage_dtype": _dtype_name(storage_dtype or model_dtype),
@@ -300,6 +303,10 @@ def deserialize_prefill(
         logits = tensors["logits"]
         if logits.dim() != 2 or logits.shape[0] != 1 or not logits.is_floating_point():
             raise StaleEntry(f"logits of shape {tuple(logits.shape)}")
+        draft = json.loads(meta.get("draft", "[]"))  # entries from before drafts had none
+        vocab = logits.shape[1]
+        if not isinstance(draft, list) or not all(type(t) is int and 0 <= t < vocab for t in draft):
+            raise StaleEntry("drafted tokens outside the vocabulary")
         return StoredPrefill(
             layers=layers,
             kept=kept,
@@ -312,6 +319,7 @@ def deserialize_prefill(
                 i: tensors[f"dbias.{i}"].to(device)
                 for i in json.loads(meta.get("decode_bias_layers", "[]"))
             },
+            draft=draft,
         )
     except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
         raise StaleEntry(f"incomplete entry: {exc}") from exc

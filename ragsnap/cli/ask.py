@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             document_cache=args.document_cache,
             recompute_share=args.recompute_share,
             speculate=args.speculate,
+            speculate_ngrams=args.speculate_ngrams,
         )
     done: DoneEvent | None = None
     for event in engine.stream(args.question, documents, options, namespace=args.namespace):

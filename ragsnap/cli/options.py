@@ -10,7 +10,7 @@ from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
 from ragsnap.errors import ConfigError
 from ragsnap.generation import GenerationConfig
 from ragsnap.prompt import DOCUMENT_ORDERS
-from ragsnap.runtime.prompt_lookup import DEFAULT_SPECULATE
+from ragsnap.runtime.drafts import DEFAULT_SPECULATE
 
 if TYPE_CHECKING:
     from ragsnap.cache.store import KVStore
@@ -127,8 +127,11 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
         "--speculate",
         type=int,
         default=DEFAULT_SPECULATE,
-        help="tokens a greedy answer drafts per decode step by prompt lookup, checked in the "
-        f"same pass (default {DEFAULT_SPECULATE}; 0: off; the answer is the same)",
+        help="drafted tokens a greedy answer feeds per decode step, checked in the same "
+        f"pass (default {DEFAULT_SPECULATE}; 0: off; the answer is the same)",
+    )
+    group.add_argument(
+        "--speculate-ngrams", action="store_true", help="also draft by prompt n-grams"
     )
 
 

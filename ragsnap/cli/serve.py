@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from ragsnap.cli.progress import loading_model
-from ragsnap.runtime.prompt_lookup import DEFAULT_SPECULATE
+from ragsnap.runtime.drafts import DEFAULT_SPECULATE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,8 +46,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--speculate",
         type=int,
-        help="tokens a greedy answer drafts per decode step by prompt lookup (default "
+        help="drafted tokens a greedy answer feeds per decode step (default "
         f"{DEFAULT_SPECULATE}; 0: off)",
+    )
+    parser.add_argument(
+        "--speculate-ngrams",
+        action="store_const",
+        const=True,
+        help="also draft by prompt n-grams (off by default)",
     )
     ray = parser.add_argument_group("Ray Serve (pip install 'ragsnap[ray]')")
     ray.add_argument(
@@ -88,6 +94,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
         "max_batch": args.max_batch,
         "step_tokens": args.step_tokens,
         "speculate": args.speculate,
+        "speculate_ngrams": args.speculate_ngrams,
     }
     return {k: v for k, v in given.items() if v is not None}
 

@@ -5,10 +5,12 @@ one model call per :meth:`DecodeBatch.step`. Rows join and leave between steps; 
 tokens depend only on its own cache and sampler, never on the other rows (up to float
 noise in the batched matmuls). One request decoding alone is a batch of one row.
 
-With ``speculate=k``, a greedy row also feeds up to ``k`` tokens drafted by prompt lookup
-(:mod:`ragsnap.runtime.prompt_lookup`) after its next token, and keeps those its own
-logits confirm: one step may then give a row several tokens, the same ones plain greedy
-decoding gives (up to float noise), for about the cost of one.
+With ``speculate=k``, a greedy row also feeds up to ``k`` drafted tokens
+(:mod:`ragsnap.runtime.drafts`: the ones a lookahead press drafted on the full cache, and
+with ``ngrams`` prompt n-grams) after its next token, and keeps those its own logits
+confirm: one step may then give a row several tokens, the same ones plain greedy decoding
+gives (up to float noise). A pass over more tokens costs more, and every row of the pass
+is padded to the longest, so a pass feeds at most ``DRAFT_PASS_TOKENS`` tokens in all.
 """
 
 from __future__ import annotations
@@ -24,12 +26,17 @@ import torch
 from ragsnap.compression.decode_snapkv import DecodeSnapKV, DecodeVotes
 from ragsnap.generation import GenerationConfig, TokenSampler
 from ragsnap.runtime.attention import observe_attention
+from ragsnap.runtime.drafts import Drafts
 from ragsnap.runtime.forward import BatchedKV, forward_rows
 from ragsnap.runtime.prefill import PrefillResult
-from ragsnap.runtime.prompt_lookup import PromptLookup
 
 # spare cache entries a new row reserves per layer; a longer answer grows its buffers
 RESERVE_TOKENS = 256
+
+# the most tokens (rows x longest row, padding included) a pass with drafts feeds; on a
+# 2-core AVX2 CPU a pass over 12 tokens cost 2.6x one token, over 72 (8 rows x 9) 7x, and
+# drafts paid at 1 and 4 rows but not at 8 (bench speculate, docs/results.md)
+DRAFT_PASS_TOKENS = 12
 
 # (the row's tokens so far, its next-token logits [1, V]) -> logits to sample from
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
@@ -43,8 +50,8 @@ class DecodeRow:
     model steps this row took part in (its per-token latency, shared with its batch).
     ``logits_processor`` (optional) rewrites the row's logits before its sampler picks.
     ``votes`` (with decode-phase SnapKV) records its attention and bounds its cache.
-    ``lookup`` (greedy rows of a speculating batch) drafts its next tokens; ``proposed`` and
-    ``accepted`` count the drafted tokens fed and kept.
+    ``drafts`` (greedy rows of a speculating batch) drafts its next tokens; ``proposed``
+    and ``accepted`` count the drafted tokens fed and kept.
     """
 
     key: Hashable
@@ -58,7 +65,7 @@ class DecodeRow:
     decode_s: float = 0.0
     steps: int = 0
     votes: DecodeVotes | None = None
-    lookup: PromptLookup | None = None
+    drafts: Drafts | None = None
     proposed: int = 0
     accepted: int = 0
 
@@ -84,11 +91,13 @@ class DecodeBatch:
         windows: list[int | None],
         stop_ids: set[int],
         speculate: int = 0,
+        ngrams: bool = False,
     ):
         self.model = model
         self.cache_kwarg = cache_kwarg
         self.stop_ids = stop_ids
         self.speculate = speculate
+        self.ngrams = ngrams
         self.kv = BatchedKV(windows)
         self.rows: list[DecodeRow] = []
         self._cancelled: set[Hashable] = set()
@@ -112,9 +121,9 @@ class DecodeBatch:
         ``logits_processor(tokens, logits)`` runs on the row's logits before each pick
         (e.g. a constraint that masks tokens with ``-inf``); it sees only its own row.
         ``decode_compression`` keeps the row's cache near its starting length per layer.
-        ``context`` (the prompt's token ids) is where a speculating batch looks up drafts
-        for a greedy row without decode compression; the tokens a lookahead press drafted
-        on the full cache (``prefill.draft``) are its first guess.
+        ``context`` (the prompt's token ids) is where a speculating batch looks up n-gram
+        drafts for a greedy row without decode compression; the tokens a lookahead press
+        drafted on the full cache (``prefill.draft``) are its first guess.
 
         The prefill's cache is copied into the batch, so ``prefill`` stays reusable.
         """
@@ -130,8 +139,8 @@ class DecodeBatch:
         if decode_compression is not None:
             targets = [k.shape[-2] for k, _ in prefill.layers]
             row.votes = DecodeVotes(decode_compression, targets)
-        elif self.speculate and generation.greedy and context:
-            row.lookup = PromptLookup(context, self.stop_ids, expected=prefill.draft)
+        elif self.speculate and generation.greedy and (prefill.draft or self.ngrams):
+            row.drafts = Drafts(context, self.stop_ids, prefill.draft, ngrams=self.ngrams)
         self.kv.add(
             prefill.layers,
             prefill.original_length,
@@ -200,8 +209,8 @@ class DecodeBatch:
     def _append(self, row: DecodeRow, token: int) -> None:
         """Give ``row`` the (non-stop) ``token``; ends the row at its length or stop rule."""
         row.tokens.append(token)
-        if row.lookup is not None:
-            row.lookup.extend((token,))
+        if row.drafts is not None:
+            row.drafts.extend((token,))
         if len(row.tokens) >= row.generation.max_new_tokens:
             row.finish_reason = "length"
         elif row.should_stop is not None and row.should_stop(row.tokens):
@@ -218,12 +227,13 @@ class DecodeBatch:
         """Per row, the tokens it feeds after its next one (none for a row that does not
         speculate, and for every row while some row's attention is recorded: one query
         per row then)."""
-        if not self.speculate or any(row.votes is not None for row in self.rows):
+        most = min(self.speculate, DRAFT_PASS_TOKENS // len(self.rows) - 1)
+        if most < 1 or any(row.votes is not None for row in self.rows):
             return [[] for _ in self.rows]
         out = []
         for row in self.rows:
             room = row.generation.max_new_tokens - len(row.tokens)
-            draft = row.lookup.draft(min(self.speculate, room)) if row.lookup else []
+            draft = row.drafts.draft(min(most, room)) if row.drafts else []
             row.proposed += len(draft)
             out.append(draft)
         return out

@@ -26,16 +26,24 @@ class ModelRuntime:
     """A loaded model with ragsnap's attention function installed.
 
     ``chunk`` is the prefill chunk size in tokens (None: one pass per prompt); ``speculate``
-    the most tokens a greedy decode row drafts by prompt lookup per step (0: none).
+    the most drafted tokens a greedy decode row feeds per step (0: none), ``ngrams``
+    whether prompt n-grams draft too (see :mod:`ragsnap.runtime.drafts`).
     """
 
-    def __init__(self, loaded: LoadedModel, chunk: int | None = None, speculate: int = 0) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        chunk: int | None = None,
+        speculate: int = 0,
+        ngrams: bool = False,
+    ) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
         self.chunk = chunk
         self.speculate = speculate
+        self.ngrams = ngrams
         self.cache_kwarg = loaded.cache_kwarg
         self.stop_ids = stop_token_ids(self.tokenizer, self.model)
         self.windows = sliding_windows(self.model.config)
@@ -166,7 +174,9 @@ class ModelRuntime:
         """An empty batch of decoding rows on this model (``stop_ids``: end-of-turn tokens,
         the model's own by default; an empty set decodes to the length limit)."""
         stops = self.stop_ids if stop_ids is None else stop_ids
-        return DecodeBatch(self.model, self.cache_kwarg, self.windows, stops, self.speculate)
+        return DecodeBatch(
+            self.model, self.cache_kwarg, self.windows, stops, self.speculate, self.ngrams
+        )
 
     def teacher_force(
         self, prefills: Sequence[PrefillResult], tokens: Sequence[int]

@@ -1,44 +1,55 @@
-"""Prompt lookup: draft a row's next tokens by finding its last words earlier in its context.
+"""Draft a decode row's next tokens for the model to check: expected tokens, prompt n-grams.
 
-A RAG answer copies from its documents: names, dates, whole phrases. When the answer's
-last ``n`` tokens also occur in the prompt (or earlier in the answer), the tokens that
-followed them there are a cheap guess at what comes next. The decode loop feeds the guess
-to the model with the row's next token in one pass and keeps the longest prefix the model
-itself would have picked (greedy), so the answer is the one plain decoding gives; on a CPU
-a pass over a few tokens costs little more than over one, since it reads every weight once
-either way.
+Two sources, tried in this order:
+
+- **expected tokens**: the answer's first tokens as a lookahead press drafted them on the
+  full cache before compressing it. The compressed cache mostly agrees with the full one,
+  so a row feeds them after its first token and keeps most of them.
+- **prompt n-grams** (opt-in): a RAG answer copies names, dates and phrases from its
+  documents. When the answer's last ``n`` tokens also occur in the prompt (or earlier in
+  the answer), the tokens that followed them there are a guess at what comes next.
+
+The decode loop feeds a draft with the row's next token in one pass and keeps the longest
+prefix the model itself would have picked (greedy), so the answer is the one plain
+decoding gives. Whether it pays depends on what a pass over a few more tokens costs:
+``ragsnap bench speculate`` measures it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-# the most tokens a row drafts per step where nothing else is said (serve, ask)
-DEFAULT_SPECULATE = 4
+# the most tokens a row drafts per step where nothing else is said (serve, ask): the
+# tokens the default press drafts on the full cache
+DEFAULT_SPECULATE = 8
 
 # the longest and shortest n-gram looked up (longer matches are tried first)
 MAX_NGRAM = 3
 MIN_NGRAM = 2
 
 
-class PromptLookup:
-    """The n-gram index of one row's context (its prompt, then its answer so far).
+class Drafts:
+    """The drafts of one row: its expected tokens and the n-gram index of its context (its
+    prompt, then its answer so far).
 
     ``draft(k)`` proposes up to ``k`` tokens: the next expected ones while the answer
-    agrees with them, else what followed the latest earlier occurrence of the context's
-    last ``n`` tokens, for the longest ``n`` in ``[MIN_NGRAM, MAX_NGRAM]`` that occurs;
-    cut before any token in ``stop_ids``.
+    agrees with them; else, with ``ngrams``, what followed the latest earlier occurrence of
+    the context's last ``n`` tokens, for the longest ``n`` in ``[MIN_NGRAM, MAX_NGRAM]``
+    that occurs. Drafts stop before any token in ``stop_ids``.
     """
 
     def __init__(
-        self, prompt: Sequence[int], stop_ids: Iterable[int] = (), expected: Sequence[int] = ()
+        self,
+        prompt: Sequence[int],
+        stop_ids: Iterable[int] = (),
+        expected: Sequence[int] = (),
+        ngrams: bool = True,
     ) -> None:
-        """``expected``: the answer's likely first tokens (e.g. drafted on the full cache by a
-        lookahead press); drafts follow them while the answer so far agrees with them."""
         self.tokens: list[int] = []
         self.stop_ids = frozenset(stop_ids)
         self.answer_start = len(prompt)
         self.expected = list(expected)
+        self.ngrams = ngrams
         # n-gram -> the position just after its latest occurrence that has a successor
         self._next: dict[tuple[int, ...], int] = {}
         self.extend(prompt)
@@ -47,6 +58,8 @@ class PromptLookup:
         """Append ``tokens`` to the context."""
         for token in tokens:
             self.tokens.append(token)
+            if not self.ngrams:
+                continue
             end = len(self.tokens) - 1  # the n-grams ending just before ``token``
             for n in range(MIN_NGRAM, MAX_NGRAM + 1):
                 if end >= n:
@@ -59,7 +72,7 @@ class PromptLookup:
         done = len(self.tokens) - self.answer_start
         if done < len(self.expected) and self.tokens[self.answer_start :] == self.expected[:done]:
             return self._until_stop(self.expected[done : done + k])
-        for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1):
+        for n in range(MAX_NGRAM, MIN_NGRAM - 1, -1) if self.ngrams else ():
             if len(self.tokens) <= n:
                 continue
             start = self._next.get(tuple(self.tokens[-n:]))
