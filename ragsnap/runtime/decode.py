@@ -33,9 +33,10 @@ from ragsnap.runtime.prefill import PrefillResult
 # spare cache entries a new row reserves per layer; a longer answer grows its buffers
 RESERVE_TOKENS = 256
 
-# the most tokens (rows x longest row, padding included) a pass with drafts feeds; on a
-# 2-core AVX2 CPU a pass over 12 tokens cost 2.6x one token, over 72 (8 rows x 9) 7x, and
-# drafts paid at 1 and 4 rows but not at 8 (bench speculate, docs/results.md)
+# the most tokens (rows x longest row, padding included) a pass with drafts feeds. On a
+# 2-core AVX2 CPU (embedded model, float32, 1 thread) a pass took 52 ms for 1 row of 1
+# token, 118 ms for 1 row of 5; 114 / 139 ms for 4 rows of 1 / 3; 139 / 250 ms for 8 rows
+# of 1 / 5: drafts paid at 1 and 4 rows, not at 8 (bench speculate, docs/results.md)
 DRAFT_PASS_TOKENS = 12
 
 # (the row's tokens so far, its next-token logits [1, V]) -> logits to sample from
