@@ -148,3 +148,18 @@ def test_a_pass_feeds_at_most_its_token_budget_of_drafts() -> None:
         most = min(8, DRAFT_PASS_TOKENS // rows - 1)
         assert all(row.proposed == max(0, most) for row in added)
         assert all(len(row.tokens) == 1 + max(0, most) for row in added)
+
+
+def test_a_stop_rule_met_inside_a_kept_draft_ends_the_row_there() -> None:
+    engine = tiny_engine("llama")
+    prefill, generation = tiny_prefills(engine)[0]
+    (plain,), _ = decode(engine.runtime, [(prefill, generation)], [()])
+    engine.runtime.speculate = 8
+    batch = engine.runtime.decode_batch(set())
+    row = batch.add(
+        0, replace(prefill, draft=plain.tokens), generation, lambda tokens: len(tokens) >= 3
+    )
+    outputs = batch.step()  # the first token and its (right) draft in one pass
+    assert row.tokens == plain.tokens[:3] and row.finish_reason == "stop"
+    assert [o.token for o in outputs] == plain.tokens[:3]
+    assert [o.finish_reason for o in outputs] == [None, None, "stop"] and not len(batch)
