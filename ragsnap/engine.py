@@ -137,8 +137,9 @@ class RagSnapEngine:
         ``storage_dtype`` (e.g. ``"bfloat16"``) stores KV smaller than the model computes it;
         ``prefill_chunk`` prefills in chunks of that many tokens (None: one pass);
         ``speculate`` lets a greedy answer feed up to that many drafted tokens per decode
-        step (0: off; the answers stay those of plain greedy decoding): those a lookahead
-        press drafted and, with ``speculate_ngrams``, prompt n-grams."""
+        step (0: off here; ``ragsnap serve`` and ``ask`` use 8; the answers stay those of
+        plain greedy decoding): those a lookahead press drafted and, with
+        ``speculate_ngrams``, prompt n-grams."""
         self.loaded = loaded
         self.runtime = ModelRuntime(
             loaded, chunk=prefill_chunk, speculate=speculate, ngrams=speculate_ngrams
