@@ -199,3 +199,26 @@ def test_console_script_error_has_no_traceback(tmp_path) -> None:
     assert (
         done.stderr.strip().splitlines()[-1].startswith("ragsnap: error: document file not found")
     )
+
+
+def test_ask_drafts_by_default_and_says_how_many_drafted_tokens_were_kept(
+    tiny, docs, capsys, monkeypatch
+) -> None:
+    given = {}
+
+    def load(cls, *args, **kwargs):
+        given.update(kwargs)
+        return RagSnapEngine(
+            tiny.loaded,
+            speculate=kwargs["speculate"],
+            speculate_ngrams=kwargs["speculate_ngrams"],
+        )
+
+    monkeypatch.setattr(RagSnapEngine, "load", classmethod(load))
+    argv = ["-q", "Why?", "--docs", *docs, "--budget", "64", "--max-new-tokens", "12"]
+    code, out, err = ask(capsys, *argv, "--cache", "none")
+    assert code == 0, err
+    assert (given["speculate"], given["speculate_ngrams"]) == (8, False)
+    assert re.search(r"ms/token \(\d+ of [1-9]\d* drafted tokens kept\)", out), out
+    code, out, err = ask(capsys, *argv, "--cache", "none", "--speculate", "0")
+    assert code == 0 and given["speculate"] == 0 and "drafted tokens kept" not in out

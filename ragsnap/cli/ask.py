@@ -180,6 +180,11 @@ def print_summary(done: DoneEvent) -> None:
         f"prefill {stats.prefill_s:.2f}s (compression {stats.compress_s:.3f}s), "
         f"first token {stats.ttft_s:.2f}s, decode "
         + (f"{decode:.1f} ms/token" if decode is not None else "n/a")
+        + (
+            f" ({stats.lookup_accepted} of {stats.lookup_proposed} drafted tokens kept)"
+            if stats.lookup_proposed
+            else ""
+        )
         + f", cache {stats.cache}"
         + _cache_detail(stats)
     )
