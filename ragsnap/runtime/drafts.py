@@ -56,10 +56,11 @@ class Drafts:
 
     def extend(self, tokens: Iterable[int]) -> None:
         """Append ``tokens`` to the context."""
+        if not self.ngrams:  # no index to keep up
+            self.tokens.extend(tokens)
+            return
         for token in tokens:
             self.tokens.append(token)
-            if not self.ngrams:
-                continue
             end = len(self.tokens) - 1  # the n-grams ending just before ``token``
             for n in range(MIN_NGRAM, MAX_NGRAM + 1):
                 if end >= n:
