@@ -80,9 +80,9 @@ class ServiceMetrics:
             "tokens of assembled document prefixes recomputed with the full context",
             registry=r,
         )
-        self.lookup_tokens = Counter(
-            "ragsnap_lookup_tokens",
-            "tokens prompt lookup drafted for decode steps (proposed) and the model kept (accepted)",
+        self.decode_drafts = Counter(
+            "ragsnap_decode_draft_tokens",
+            "drafted tokens decode steps fed (proposed) and the model confirmed (kept)",
             ["outcome"],
             registry=r,
         )
@@ -143,9 +143,9 @@ class ServiceMetrics:
             self.reused_documents.inc(stats.reused_documents)
         if stats.recomputed_tokens:
             self.recomputed_tokens.inc(stats.recomputed_tokens)
-        if stats.lookup_proposed:
-            self.lookup_tokens.labels("proposed").inc(stats.lookup_proposed)
-            self.lookup_tokens.labels("accepted").inc(stats.lookup_accepted)
+        if stats.drafts_proposed:
+            self.decode_drafts.labels("proposed").inc(stats.drafts_proposed)
+            self.decode_drafts.labels("kept").inc(stats.drafts_kept)
         if stats.cache_bytes_read:
             self.cache_bytes.labels("read").inc(stats.cache_bytes_read)
         if stats.cache_bytes_written:

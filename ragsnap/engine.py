@@ -358,8 +358,8 @@ class RagSnapEngine:
             finish_reason="length" if row.finish_reason == "length" else "stop",
             decode_reselections=row.votes.reselections if row.votes is not None else 0,
             drafted_tokens=prefill.drafted_tokens,
-            lookup_proposed=row.proposed,
-            lookup_accepted=row.accepted,
+            drafts_proposed=row.proposed,
+            drafts_kept=row.accepted,
             dropped_doc_ids=layout.dropped_doc_ids,
             truncated_doc_ids=layout.truncated_doc_ids,
         )

@@ -47,8 +47,8 @@ class AnswerStats:
     stop_sequence: str | None = None  # the stop string that ended the answer
     decode_reselections: int = 0  # layer selections of decode-phase SnapKV
     drafted_tokens: int = 0  # answer tokens drafted on the full cache to vote (lookahead)
-    lookup_proposed: int = 0  # tokens prompt lookup drafted for decode steps to check
-    lookup_accepted: int = 0  # of them, those the model confirmed (answer tokens it gave)
+    drafts_proposed: int = 0  # drafted tokens decode steps fed for the model to check
+    drafts_kept: int = 0  # of them, those the model confirmed (answer tokens it gave)
     dropped_doc_ids: list[str] = field(default_factory=list)
     truncated_doc_ids: list[str] = field(default_factory=list)
     replica: str | None = None  # the Ray Serve replica that answered (None: in-process)

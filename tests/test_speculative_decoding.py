@@ -131,8 +131,8 @@ def test_the_embedded_model_keeps_drafts_of_a_copied_answer_and_answers_the_same
     finally:
         engine.runtime.speculate, engine.runtime.ngrams = 0, False
     assert drafted.answer == plain.answer
-    assert plain.stats.lookup_proposed == 0
-    assert 0 < drafted.stats.lookup_accepted <= drafted.stats.lookup_proposed
+    assert plain.stats.drafts_proposed == 0
+    assert 0 < drafted.stats.drafts_kept <= drafted.stats.drafts_proposed
 
 
 def test_a_pass_feeds_at_most_its_token_budget_of_drafts() -> None:
@@ -163,3 +163,21 @@ def test_a_stop_rule_met_inside_a_kept_draft_ends_the_row_there() -> None:
     assert row.tokens == plain.tokens[:3] and row.finish_reason == "stop"
     assert [o.token for o in outputs] == plain.tokens[:3]
     assert [o.finish_reason for o in outputs] == [None, None, "stop"] and not len(batch)
+
+
+def test_metrics_count_the_drafted_tokens_fed_and_kept() -> None:
+    from ragsnap.api.metrics import ServiceMetrics
+    from ragsnap.stats import AnswerStats
+
+    metrics = ServiceMetrics()
+    fields = {
+        f: 0 for f in AnswerStats.__dataclass_fields__ if f not in {"model", "device", "press"}
+    }
+    fields.update(press_config={}, kept_tokens_per_layer=[], budget=None, citations_mode="markers")
+    fields.update(cache="hit", cache_tier="exact", decode_ms_per_token=None)
+    metrics.observe_answer(AnswerStats(model="m", device="cpu", press="snapkv", **fields))
+    fields.update(drafts_proposed=8, drafts_kept=6)
+    metrics.observe_answer(AnswerStats(model="m", device="cpu", press="snapkv", **fields))
+    text = metrics.render().decode()
+    assert 'ragsnap_decode_draft_tokens_total{outcome="proposed"} 8.0' in text
+    assert 'ragsnap_decode_draft_tokens_total{outcome="kept"} 6.0' in text

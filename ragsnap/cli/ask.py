@@ -181,8 +181,8 @@ def print_summary(done: DoneEvent) -> None:
         f"first token {stats.ttft_s:.2f}s, decode "
         + (f"{decode:.1f} ms/token" if decode is not None else "n/a")
         + (
-            f" ({stats.lookup_accepted} of {stats.lookup_proposed} drafted tokens kept)"
-            if stats.lookup_proposed
+            f" ({stats.drafts_kept} of {stats.drafts_proposed} drafted tokens kept)"
+            if stats.drafts_proposed
             else ""
         )
         + f", cache {stats.cache}"

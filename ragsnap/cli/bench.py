@@ -14,7 +14,7 @@ BENCHMARKS = {
     "prefill": "cold prefill seconds of several presses on the same prompts, as ratios to the first",
     "cache": "time to first token for a cache miss, a full hit and a document-prefix hit",
     "load": "concurrent clients against a running ragsnap server",
-    "speculate": "decode tokens/s of real RAG answers with prompt-lookup drafts vs plain decoding",
+    "speculate": "decode tokens/s of real RAG answers with drafted tokens vs plain decoding",
     "batch": "aggregate decode tokens/s of batched requests, compressed vs full caches",
     "peer": "ragsnap serve against vLLM on the same RAG requests: answers/s, TTFT, agreement",
     "overhead": "Ray Serve's added latency per request and per streamed token vs in-process",
