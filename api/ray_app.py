@@ -201,7 +201,8 @@ def build_app(args: dict[str, Any] | RayAppArgs | None = None) -> serve.Applicat
             max_ongoing_requests=ongoing,
             request_router_config={"request_router_class": ROUTER_CLASS},
         )
-        .bind(config.settings)
+        # a replica prefills on the CPUs it reserves, not on every core of its node
+        .bind({"prefill_threads": max(1, int(config.replica_cpus)), **config.settings})
     )
     ingress = cast(serve.Deployment, Ingress).options(
         ray_actor_options={"num_cpus": config.ingress_cpus}

@@ -19,6 +19,7 @@ from ragsnap.api.settings import Settings
 from ragsnap.api.worker import EngineWorker
 from ragsnap.engine import RagSnapEngine
 from ragsnap.retrieval.bm25 import BM25Index
+from ragsnap.runtime.threads import available_cores
 
 logger = logging.getLogger("ragsnap.api")
 
@@ -103,6 +104,7 @@ def start_services(
         min_retry_s=settings.retry_after_s,
         max_batch=settings.max_batch,
         step_tokens=settings.step_tokens,
+        prefill_threads=settings.prefill_threads or available_cores(),
     )
     worker.start()
     return Services(

@@ -126,6 +126,14 @@ class Settings(BaseSettings):
         description="token budget of one scheduler step: a prefill chunk plus one token per running request",
     )
 
+    prefill_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="torch threads while a prompt prefills (compute-bound); decode steps keep "
+        "--threads (bound by reading the weights). Unset: every core the server may run on",
+    )
+
     @field_validator("api_keys", "allowed_hosts", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:

@@ -185,7 +185,8 @@ class EngineWorker:
     A waiting job whose client left stops counting against the limit at once (it is
     dropped when the scheduler reaches it), so a disconnect frees its slot immediately.
     ``max_batch`` jobs decode together (1: one at a time); ``step_tokens`` is the token
-    budget of one scheduler step (a prefill chunk plus one token per running job).
+    budget of one scheduler step (a prefill chunk plus one token per running job);
+    ``prefill_threads`` the torch threads prompts prefill on (None: the scheduler's own).
     """
 
     def __init__(
@@ -196,12 +197,15 @@ class EngineWorker:
         min_retry_s: int = 1,
         max_batch: int = 8,
         step_tokens: int = 128,
+        prefill_threads: int | None = None,
     ):
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
         self.min_retry_s = min_retry_s
-        self.scheduler = Scheduler(engine, max_batch=max_batch, step_tokens=step_tokens)
+        self.scheduler = Scheduler(
+            engine, max_batch=max_batch, step_tokens=step_tokens, prefill_threads=prefill_threads
+        )
         self.scheduler.stats.on_step = metrics.observe_step
         self._lock = threading.Lock()
         self._mean_job_s = 5.0  # refined by an exponential moving average of real jobs

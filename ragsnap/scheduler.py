@@ -28,6 +28,7 @@ from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions, PreparedAnswer, RagSnapEngine, TextStream
 from ragsnap.events import AnswerEvent, TokenEvent
 from ragsnap.runtime.decode import DecodeRow
+from ragsnap.runtime.threads import torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +88,17 @@ class Scheduler:
         max_batch: int = 8,
         step_tokens: int = 128,
         idle_chunk: int = IDLE_CHUNK,
+        prefill_threads: int | None = None,
     ) -> None:
+        """``prefill_threads``: torch threads while a prompt prefills (None: the thread count
+        the scheduler starts with, which decode steps always use; see ``runtime.threads``)."""
         if max_batch < 1 or step_tokens < 1 or idle_chunk < 1:
             raise ValueError("max_batch, step_tokens and idle_chunk must be at least 1")
+        if prefill_threads is not None and prefill_threads < 1:
+            raise ValueError("prefill_threads must be at least 1")
         self.engine = engine
+        self.prefill_threads = prefill_threads
+        self.decode_threads: int | None = None  # the loop's own, read when it starts
         self.max_batch = max_batch
         self.step_tokens = step_tokens
         self.idle_chunk = idle_chunk
@@ -160,6 +168,9 @@ class Scheduler:
             return None
 
     def _run(self) -> None:
+        import torch
+
+        self.decode_threads = torch.get_num_threads()
         while not self._stopping:
             request = self._next()
             if request is not None:
@@ -186,16 +197,18 @@ class Scheduler:
             if request.is_cancelled():
                 raise Cancelled
             if self._running:
-                self._decode_step()
+                with torch_threads(self.decode_threads):
+                    self._decode_step()
 
         try:
-            prepared = self.engine.prepare(
-                request.question,
-                request.documents,
-                request.options,
-                request.namespace,
-                on_chunk=between_chunks,
-            )
+            with torch_threads(self.prefill_threads):
+                prepared = self.engine.prepare(
+                    request.question,
+                    request.documents,
+                    request.options,
+                    request.namespace,
+                    on_chunk=between_chunks,
+                )
             if request.is_cancelled():
                 raise Cancelled
         except Cancelled:

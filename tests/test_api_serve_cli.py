@@ -55,3 +55,25 @@ def test_speculation_is_a_bounded_setting(monkeypatch):
     monkeypatch.setenv("RAGSNAP_SPECULATE", "17")
     with pytest.raises(ConfigError, match="speculate"):
         settings_from_args(build_parser().parse_args(["serve"]))
+
+
+def test_prompts_prefill_on_every_core_unless_told(monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
+    from ragsnap.cli.serve import settings_from_args
+    from ragsnap.runtime.threads import available_cores
+    from tests.tiny_models import tiny_engine
+
+    args = build_parser().parse_args(["serve", "--prefill-threads", "3"])
+    assert settings_from_args(args).prefill_threads == 3
+    monkeypatch.setenv("RAGSNAP_PREFILL_THREADS", "0")
+    with pytest.raises(ConfigError, match="prefill_threads"):
+        settings_from_args(build_parser().parse_args(["serve"]))
+    monkeypatch.delenv("RAGSNAP_PREFILL_THREADS")
+    engine = tiny_engine("llama")
+    for settings, expected in ((Settings(), available_cores()), (Settings(prefill_threads=1), 1)):
+        with TestClient(create_app(settings, engine=engine)) as client:
+            assert client.get("/readyz").status_code == 200
+            assert client.app.state.services.worker.scheduler.prefill_threads == expected

@@ -265,3 +265,17 @@ def test_vllm_is_started_in_the_dtype_it_is_given() -> None:
 
     argv = vllm_argv("python", "model", 8001, 8, "float32", ["--enforce-eager"])
     assert argv[argv.index("--dtype") + 1] == "float32" and argv[-1] == "--enforce-eager"
+
+
+def test_ragsnap_serve_gets_the_prefill_threads_it_is_given(tmp_path: Path) -> None:
+    from ragsnap.bench.peer_servers import ragsnap_argv
+    from ragsnap.cli import build_parser
+    from ragsnap.cli.serve import settings_from_args
+
+    def settings(prefill_threads):
+        argv = ragsnap_argv(8002, tmp_path, 8, "float32", 1, prefill_threads)
+        assert argv[1:3] == ["-m", "ragsnap"]
+        return settings_from_args(build_parser().parse_args(argv[3:]))
+
+    assert settings(2).prefill_threads == 2
+    assert settings(None).prefill_threads is None  # the server's default: every core

@@ -197,3 +197,27 @@ def test_embedded_model_rows_decode_exactly_as_alone(engine) -> None:
     assert decode(engine.runtime, requests) == alone
     assert all(alone)
     assert len({p.original_length for p, _ in requests}) == 4
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_chunked_prefill_through_the_runtime_attention_equals_transformers_sdpa(arch) -> None:
+    """A chunk on top of a cache is masked: the runtime reads grouped KV heads in place
+    on a CPU where transformers copies them; the logits and cache are the same."""
+    engine = tiny_engine(arch)
+    model, kwarg, prompt = engine.model, engine.loaded.cache_kwarg, random_prompt(80, seed=5)
+    assert model.config._attn_implementation == "ragsnap_sdpa"
+
+    def chunked(implementation):
+        model.set_attn_implementation(implementation)
+        cache = engine.runtime.new_cache()
+        logits = [forward_chunk(model, kwarg, prompt[i : i + 24], cache, i) for i in (0, 24, 48)]
+        return torch.cat(logits), cache
+
+    try:
+        reference, reference_cache = chunked("sdpa")
+        ours, cache = chunked("ragsnap_sdpa")
+    finally:
+        model.set_attn_implementation("ragsnap_sdpa")
+    assert torch.allclose(ours, reference, atol=1e-5)
+    for a, b in zip(cache.layers, reference_cache.layers, strict=True):
+        assert torch.allclose(a.keys, b.keys, atol=1e-5)

@@ -229,3 +229,36 @@ def test_an_answer_being_finished_does_not_hold_up_the_other_rows(engine_tiny, m
         assert r.closed.wait(60) and r.outcome == "ok"
         assert isinstance(r.events[-1], DoneEvent)
     scheduler.stop()
+
+
+def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
+    engine_tiny, monkeypatch
+) -> None:
+    import torch
+
+    seen: dict[str, set[int]] = {"prefill": set(), "decode": set()}
+    scheduler = Scheduler(engine_tiny, step_tokens=48, idle_chunk=32, prefill_threads=3)
+    real_prefill, real_step = engine_tiny.runtime.prefill, scheduler.batch.step
+
+    def prefill(*args, **kwargs):
+        seen["prefill"].add(torch.get_num_threads())
+        return real_prefill(*args, **kwargs)
+
+    def step():
+        seen["decode"].add(torch.get_num_threads())
+        return real_step()
+
+    monkeypatch.setattr(engine_tiny.runtime, "prefill", prefill)
+    monkeypatch.setattr(scheduler.batch, "step", step)
+    before = torch.get_num_threads()
+    scheduler.start()
+    requests = requests_for_tiny_engine()
+    for r in requests:
+        scheduler.submit(r)
+    for r in requests:
+        assert r.closed.wait(60) and r.outcome == "ok"
+    scheduler.stop()
+    assert seen == {"prefill": {3}, "decode": {before}}
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="prefill_threads"):
+        Scheduler(engine_tiny, prefill_threads=0)

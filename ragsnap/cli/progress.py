@@ -9,14 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ragsnap.errors import ConfigError
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its affinity, where the OS says)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # pragma: no cover - macOS, Windows
-        return os.cpu_count() or 1
+from ragsnap.runtime.threads import available_cores
 
 
 def default_threads(cores: int | None = None) -> int:

@@ -44,6 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="token budget of a scheduler step: prefill chunk + one per running request (128)",
     )
     parser.add_argument(
+        "--prefill-threads",
+        type=int,
+        help="torch threads while a prompt prefills (default: every core the server may "
+        "run on); decode steps keep --threads",
+    )
+    parser.add_argument(
         "--speculate",
         type=int,
         help="drafted tokens a greedy answer feeds per decode step (default "
@@ -93,6 +99,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
         "max_queue": args.max_queue,
         "max_batch": args.max_batch,
         "step_tokens": args.step_tokens,
+        "prefill_threads": args.prefill_threads,
         "speculate": args.speculate,
         "speculate_ngrams": args.speculate_ngrams,
     }

@@ -5,7 +5,8 @@ implementation (sdpa, eager or flash_attention_2). While :func:`step_masks` is a
 layer runs sdpa with the additive float mask the runtime built for it: it carries every
 row's padding (``-inf``), the causal order of the new tokens, sliding windows, and the
 per-kept-key logit bias of Attention Matching (flash-attn takes no arbitrary bias). Without
-an active mask it calls the original implementation unchanged, so prefill is untouched.
+an active mask it calls the original implementation, except for masked sdpa on a CPU, which
+reads grouped KV heads in place instead of copying them (:func:`masked_cpu_sdpa`).
 Nothing is patched: the function is registered when a runtime asks for it, and the masks
 live in a context variable, so threads never see each other's masks.
 """
@@ -147,6 +148,41 @@ def masked_sdpa(
     return out.transpose(1, 2).contiguous()
 
 
+def masked_cpu_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scaling: float | None = None,
+) -> torch.Tensor:
+    """transformers' masked sdpa attention of several queries on a CPU, reading grouped KV
+    heads in place.
+
+    With a mask, transformers expands each KV head to its query heads (a copy of every
+    layer's keys and values per forward pass), because CUDA's masked kernels do not take
+    grouped heads; the CPU kernel does, with the same result. A 2K-token prefill in
+    124-token chunks spends about 5% less time (embedded model, one thread).
+
+    Parameters
+    ----------
+    query : ``[B, Hq, q, D]``; key, value : ``[B, Hkv, kv, D]``.
+    attention_mask : ``[B, 1, q, >= kv]``, bool or additive float.
+
+    Returns
+    -------
+    ``[B, q, Hq, D]``.
+    """
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask[:, :, :, : key.shape[2]],
+        scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous()
+
+
 def install_runtime_attention(model: Any) -> str:
     """Route ``model``'s attention through ``ragsnap_<impl>``; returns the implementation name.
 
@@ -167,6 +203,14 @@ def install_runtime_attention(model: Any) -> str:
             active = _ACTIVE_MASKS.get()
             mask = None if active is None else active.get(module.layer_idx)
             if mask is None:
+                if (
+                    original == "sdpa"
+                    and query.device.type == "cpu"
+                    and attention_mask is not None
+                    and query.shape[2] > 1
+                    and kwargs.get("position_bias") is None
+                ):
+                    return masked_cpu_sdpa(query, key, value, attention_mask, scaling), None
                 inner = (
                     ALL_ATTENTION_FUNCTIONS[original]
                     if original != "eager"  # each model has its own eager (softcapping...)
