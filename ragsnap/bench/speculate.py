@@ -65,8 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def decode_all(engine: Any, prepared: list[Any], rows: int, mode: str) -> dict[str, Any]:
     """Decode every prepared answer, ``rows`` at a time, drafting as ``mode`` says."""
-    tokens, _, ngrams = mode.partition("+")
-    engine.runtime.speculate, engine.runtime.ngrams = int(tokens), bool(ngrams)
+    speculate, _, ngrams = mode.partition("+")
+    engine.runtime.speculate, engine.runtime.ngrams = int(speculate), bool(ngrams)
     answers: list[list[int]] = []
     seconds = 0.0
     passes = proposed = accepted = 0

@@ -175,7 +175,8 @@ def prefill(
     starts = chunk_starts(start, len(input_ids), chunk, window)
     # a sliding layer's cache cannot be cut back after a draft
     ahead = 0 if any(sliding_windows(model.config)) else lookahead_tokens(*press_list)
-    drafted, draft = None, []
+    drafted: dict[int, torch.Tensor] | None = None
+    draft: list[int] = []
     _sync(device)
     started = time.perf_counter()
     for begin, end in zip(starts, starts[1:], strict=False):
