@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ragsnap.cache.cached_prefill import CachedPrefill
+from ragsnap.cache.cached_prefill import CachedPrefill, PrefixHit
 from ragsnap.cache.document_tier import DEFAULT_RECOMPUTE_SHARE
 from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import parse_dtype
@@ -63,6 +63,18 @@ class AnswerOptions:
     decode_compression: DecodeSnapKV | None = None
     kept_tokens: bool = False  # the done event carries each document's kept-token map
     document_order: DocumentOrder = "relevance"  # see ragsnap.prompt.DocumentOrder
+
+
+@dataclass
+class PendingAnswer:
+    """A request whose document prefix was found in the store: its tail is left to finish
+    (:meth:`RagSnapEngine.finish_prefix_hits`, several at once)."""
+
+    layout: PromptLayout
+    hit: PrefixHit
+    options: AnswerOptions
+    started: float
+    question: str
 
 
 @dataclass
@@ -228,6 +240,43 @@ class RagSnapEngine:
 
     # -- the three stages of an answer (the scheduler interleaves them) -----------------
 
+    def prompt_of(
+        self, question: str, documents: Sequence[Document], options: AnswerOptions
+    ) -> PromptLayout:
+        """The prompt ``options`` ask for (chat context, document order)."""
+        return self.build_prompt(
+            question, documents, options.generation, chat=options.chat, order=options.document_order
+        )
+
+    def lookup(
+        self,
+        question: str,
+        documents: Sequence[Document],
+        options: AnswerOptions,
+        namespace: str = "default",
+    ) -> PreparedAnswer | PendingAnswer | PromptLayout:
+        """What the store holds for this request, without computing: an exact hit ready to
+        decode, a prefix hit to finish, or (nothing usable) the prompt for :meth:`prepare`."""
+        started = time.perf_counter()
+        layout = self.prompt_of(question, documents, options)
+        if self.tiers is None:
+            return layout
+        found, report = self.tiers.lookup(layout, options.press, question, namespace)
+        if isinstance(found, PrefixHit):
+            return PendingAnswer(layout, found, options, started, question)
+        if found is not None:
+            return PreparedAnswer(layout, found, report, options, started, question)
+        return layout
+
+    def finish_prefix_hits(self, pending: Sequence[PendingAnswer]) -> list[PreparedAnswer]:
+        """Finish the tails of ``pending`` together; each is then ready to decode."""
+        assert self.tiers is not None, "prefix hits come from the cache tiers"
+        results = self.tiers.finish_prefix_hits([p.hit for p in pending])
+        return [
+            PreparedAnswer(p.layout, result, p.hit.report, p.options, p.started, p.question)
+            for p, result in zip(pending, results, strict=True)
+        ]
+
     def prepare(
         self,
         question: str,
@@ -235,15 +284,16 @@ class RagSnapEngine:
         options: AnswerOptions,
         namespace: str = "default",
         on_chunk: Callable[[], None] | None = None,
+        layout: PromptLayout | None = None,
     ) -> PreparedAnswer:
-        """Assemble the prompt and prefill it through the cache tiers (hit, prefix hit, miss).
+        """Assemble the prompt (unless ``layout`` is it) and prefill it through the cache
+        tiers (hit, prefix hit, miss).
 
         ``on_chunk`` runs between prefill chunks; an exception from it abandons the prefill.
         """
         started = time.perf_counter()
-        layout = self.build_prompt(
-            question, documents, options.generation, chat=options.chat, order=options.document_order
-        )
+        if layout is None:
+            layout = self.prompt_of(question, documents, options)
         if self.tiers is None:
             roles = prompt_roles(self.tokenizer, layout)
             focus = prompt_focus(self.tokenizer, layout) if uses_focus(options.press) else None

@@ -5,7 +5,9 @@ plus a chunk of one waiting prompt's prefill (``step_tokens`` minus the running 
 ``IDLE_CHUNK`` when none is running). The
 prefill runs through the engine's cache tiers (a hit skips straight to decode), and
 between its chunks the running rows take their next decode step, so streams keep flowing
-while a new prompt prefills. A request that finishes or is cancelled leaves at the next
+while a new prompt prefills. Prefix hits (a new question over documents whose KV is
+stored) waiting together are finished in shared passes: their tails, drafts and
+compression take about as long for eight as for one or two. A request that finishes or is cancelled leaves at the next
 step; a new one joins at the next step. ``max_batch=1`` is the serial behaviour: one
 request at a time, start to finish.
 
@@ -25,8 +27,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions, PreparedAnswer, RagSnapEngine, TextStream
+from ragsnap.engine import (
+    AnswerOptions,
+    PendingAnswer,
+    PreparedAnswer,
+    RagSnapEngine,
+    TextStream,
+)
 from ragsnap.events import AnswerEvent, TokenEvent
+from ragsnap.prompt import PromptLayout
 from ragsnap.runtime.decode import DecodeRow
 from ragsnap.runtime.threads import torch_threads
 
@@ -111,7 +120,7 @@ class Scheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._finisher: ThreadPoolExecutor | None = None
-        self.prefilling: Request | None = None
+        self.prefilling: list[Request] = []  # being looked up, prefilled or finished
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -150,7 +159,7 @@ class Scheduler:
 
     @property
     def running(self) -> int:
-        return len(self._running) + (1 if self.prefilling is not None else 0)
+        return len(self._running) + len(self.prefilling)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -181,9 +190,77 @@ class Scheduler:
             self._end(running, "cancelled", cancelled=True)
 
     def _admit(self, request: Request) -> None:
-        """Prefill ``request`` (decoding the running rows between its chunks) and add its row."""
+        """Look ``request`` up in the store: an exact hit joins the batch at once; a prefix
+        hit is finished together with the prefix hits waiting right behind it; anything
+        else prefills here, the running rows decoding between its chunks."""
         request.started()
-        self.prefilling = request
+        self.prefilling = [request]
+        try:
+            found = self._lookup(request)
+            if found is None:
+                return
+            if isinstance(found, PromptLayout):
+                self._prefill(request, found)
+            elif isinstance(found, PreparedAnswer):
+                self._join(request, found)
+            else:
+                self._finish_prefix_hits([(request, found), *self._more_prefix_hits()])
+        finally:
+            self.prefilling = []
+
+    def _lookup(self, request: Request) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
+        """The engine's lookup of ``request``; None when it was cancelled or failed."""
+        if request.is_cancelled():
+            request.close("cancelled")
+            return None
+        try:
+            return self.engine.lookup(
+                request.question, request.documents, request.options, request.namespace
+            )
+        except Exception as exc:
+            request.fail(exc)
+            return None
+
+    def _more_prefix_hits(self) -> list[tuple[Request, PendingAnswer]]:
+        """The prefix hits at the head of the queue, while the batch has room (exact hits
+        met on the way join at once); the first request of another kind stays in front."""
+        more: list[tuple[Request, PendingAnswer]] = []
+        while len(self._running) + 1 + len(more) < self.max_batch:
+            with self._changed:
+                if not self._waiting:
+                    break
+                request = self._waiting.popleft()
+            found = self._lookup(request)
+            if isinstance(found, PromptLayout):
+                with self._changed:
+                    self._waiting.appendleft(request)
+                break
+            if found is None:
+                continue
+            request.started()
+            if isinstance(found, PreparedAnswer):
+                self._join(request, found)
+            else:
+                self.prefilling.append(request)
+                more.append((request, found))
+        return more
+
+    def _finish_prefix_hits(self, hits: list[tuple[Request, PendingAnswer]]) -> None:
+        try:
+            with torch_threads(self.prefill_threads):
+                prepared = self.engine.finish_prefix_hits([pending for _, pending in hits])
+        except Exception as exc:
+            for request, _ in hits:
+                request.fail(exc)
+            return
+        for (request, _), answer in zip(hits, prepared, strict=True):
+            if request.is_cancelled():
+                request.close("cancelled")
+            else:
+                self._join(request, answer)
+
+    def _prefill(self, request: Request, layout: PromptLayout) -> None:
+        """Prefill ``request`` (decoding the running rows between its chunks) and add its row."""
         # the per-step token budget: one token per running row, the rest for the prefill chunk;
         # with no stream waiting on it, larger chunks (still cancellable between them)
         running = len(self._running)
@@ -208,6 +285,7 @@ class Scheduler:
                     request.options,
                     request.namespace,
                     on_chunk=between_chunks,
+                    layout=layout,
                 )
             if request.is_cancelled():
                 raise Cancelled
@@ -217,8 +295,10 @@ class Scheduler:
         except Exception as exc:
             request.fail(exc)
             return
-        finally:
-            self.prefilling = None
+        self._join(request, prepared)
+
+    def _join(self, request: Request, prepared: PreparedAnswer) -> None:
+        """Add ``prepared``'s row to the batch: it decodes from the next step on."""
         request.emit(prepared.meta())
         key, self._next_key = self._next_key, self._next_key + 1
         # a request may end its row early (stop strings matched in the text it emitted)

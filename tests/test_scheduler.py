@@ -262,3 +262,56 @@ def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="prefill_threads"):
         Scheduler(engine_tiny, prefill_threads=0)
+
+
+def test_prefix_hits_waiting_together_are_finished_together(engine_tiny, tmp_path, monkeypatch):
+    import shutil
+
+    from ragsnap.cache import open_store
+    from ragsnap.engine import RagSnapEngine
+
+    def engine_on(folder):
+        engine = RagSnapEngine(engine_tiny.loaded, store=open_store(f"file://{folder}"))
+        engine.stop_ids.clear()
+        return engine
+
+    run(engine_on(tmp_path / "kv"), requests_for_tiny_engine())  # stores each document prefix
+    shutil.copytree(tmp_path / "kv", tmp_path / "kv-serial")
+    shutil.copytree(tmp_path / "kv", tmp_path / "kv-mixed")
+
+    def new_questions(miss_at=None):
+        requests = requests_for_tiny_engine()
+        for i, r in enumerate(requests):
+            r.question = words(80 + i, 5)
+        if miss_at is not None:  # documents never seen: a miss between the prefix hits
+            unseen = Document(id="new", title="t9", text=words(33, 70))
+            requests.insert(miss_at, Collector(words(3, 4), [unseen], requests[0].options))
+        return requests
+
+    def answered(folder, max_batch, miss_at=None):
+        engine, groups = engine_on(folder), []
+        real = engine.finish_prefix_hits
+        monkeypatch.setattr(
+            engine, "finish_prefix_hits", lambda pending: groups.append(len(pending)) or real(pending)
+        )
+        scheduler = Scheduler(engine, max_batch=max_batch, step_tokens=48, idle_chunk=32)
+        requests = new_questions(miss_at)
+        for r in requests:  # all waiting before the loop starts
+            scheduler.submit(r)
+        scheduler.start()
+        for r in requests:
+            assert r.closed.wait(60) and r.outcome == "ok"
+        scheduler.stop()
+        return requests, groups
+
+    together, groups = answered(tmp_path / "kv", 8)
+    alone, serial_groups = answered(tmp_path / "kv-serial", 1)
+    hits = [r.done.stats.cache == "prefix-hit" for r in together]
+    assert hits == [r.done.stats.cache == "prefix-hit" for r in alone] and sum(hits) >= 2
+    assert groups[0] == sum(hits) and serial_groups == [1] * sum(hits)
+    assert [r.done.answer for r in together] == [r.done.answer for r in alone]
+    # a miss stops the scan: it prefills in its turn, and the hits behind it go together
+    mixed, groups = answered(tmp_path / "kv-mixed", 8, miss_at=2)
+    assert [r.done.stats.cache for r in mixed] == ["prefix-hit"] * 2 + ["miss"] + ["prefix-hit"] * 2
+    assert groups == [2, 2]
+    assert [r.done.answer for r in mixed[:2] + mixed[3:]] == [r.done.answer for r in alone]

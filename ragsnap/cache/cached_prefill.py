@@ -5,6 +5,9 @@ prefix hit    the full KV of the document prefix is loaded and only the tail (th
               and the generation prompt) is prefilled on top of it, then compressed with the
               tail's own observation window; when the tail is shorter than the window, the
               loaded prefix is cropped so the forward pass covers the whole window.
+              :meth:`CachedPrefill.lookup` finds hits and prefix hits without computing;
+              :meth:`CachedPrefill.finish_prefix_hits` finishes several prefix hits in
+              shared passes (:mod:`ragsnap.runtime.tails`).
 document hit  the prefix is assembled from per-document pieces (any order, any combination;
               see :mod:`ragsnap.cache.document_tier`) with a share of its tokens recomputed,
               then the tail is prefilled and compressed as after a prefix hit.
@@ -18,9 +21,12 @@ and computes without it; a damaged or stale entry is deleted and recomputed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -43,6 +49,7 @@ from ragsnap.models import LoadedModel
 from ragsnap.runtime.blend import DEFAULT_SELECTION
 from ragsnap.runtime.kv import cache_nbytes
 from ragsnap.runtime.prefill import PrefillResult, window_floor
+from ragsnap.runtime.tails import Tail
 from ragsnap.structure import prompt_roles
 
 if TYPE_CHECKING:
@@ -76,6 +83,20 @@ class PrefillRunner(DocumentRunner, Protocol):
     ) -> Layers: ...
 
     def cache_from(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any: ...
+
+    def tails_batchable(self, tails: Sequence[Tail]) -> bool: ...
+
+    def prefill_tails(self, tails: Sequence[Tail]) -> list[PrefillResult]: ...
+
+
+@dataclass
+class PrefixHit:
+    """A prompt whose document prefix was loaded: only ``tail`` is left to finish
+    (:meth:`CachedPrefill.finish_prefix_hits`), then stored under ``key``."""
+
+    tail: Tail
+    key: EntryKey
+    report: CacheReport
 
 
 class CachedPrefill:
@@ -189,6 +210,55 @@ class CachedPrefill:
             if report.status == "unavailable":
                 return
             self._put(key, payload, report)
+
+    def lookup(
+        self, layout: PromptLayout, press: Press, question: str, namespace: str | None
+    ) -> tuple[PrefillResult | PrefixHit | None, CacheReport]:
+        """An exact hit's result, a prefix hit to finish, or None (:meth:`prefill` computes
+        it); nothing is computed here and store errors never raise."""
+        report = CacheReport(status="miss")
+        ckey, pkey = self.entry_keys(layout, press, question, namespace)
+        loaded = self._load_compressed(ckey, report)
+        if loaded is not None or report.status == "unavailable" or not self.prefix_cache:
+            return loaded, report
+        start = self.prefix_start(layout, press)
+        tail = Tail(layout.input_ids, [], start, press)
+        if start <= 0 or not self.runner.tails_batchable([tail]):
+            return None, report
+        prefix = self._load_prefix(pkey, layout, report)
+        if prefix is None:
+            return None, report
+        report.status, report.tier = "prefix-hit", "prefix"
+        focus = prompt_focus(self.loaded.tokenizer, layout) if uses_focus(press) else None
+        tail = dataclasses.replace(
+            tail, prefix=prefix, roles=prompt_roles(self.loaded.tokenizer, layout), focus=focus
+        )
+        return PrefixHit(tail, ckey, report), report
+
+    def finish_prefix_hits(self, hits: Sequence[PrefixHit]) -> list[PrefillResult]:
+        """Finish ``hits`` in shared passes and store each compressed entry (one result per
+        hit; hits of the same entry share one). An entry another request stored meanwhile
+        is loaded instead."""
+        unique = list({hit.key.digest: hit for hit in hits}.values())
+        results: dict[str, PrefillResult] = {}
+        with ExitStack() as held:
+            for hit in unique:
+                held.enter_context(self.store.exclusive(hit.key, wait_s=FLIGHT_WAIT_S))
+            todo = []
+            for hit in unique:
+                stored = self._load_compressed(hit.key, hit.report)
+                if stored is not None:
+                    results[hit.key.digest] = stored
+                else:
+                    todo.append(hit)
+            tails = [hit.tail for hit in todo]
+            groups = [tails] if self.runner.tails_batchable(tails) else [[t] for t in tails]
+            computed = [r for group in groups if group for r in self.runner.prefill_tails(group)]
+            for hit, result in zip(todo, computed, strict=True):
+                results[hit.key.digest] = result
+                if hit.report.status != "unavailable":
+                    self._put(hit.key, lambda r=result: self._serialize(r), hit.report)
+        return [results[hit.key.digest] for hit in hits]
 
     # -- store access, never raising ----------------------------------------------------
 

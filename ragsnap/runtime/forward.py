@@ -55,6 +55,33 @@ class BatchedKV:
         self.lengths = torch.zeros(0, len(self.windows), dtype=torch.long)
         self.positions = torch.zeros(0, dtype=torch.long)
 
+    @classmethod
+    def of_rows(
+        cls,
+        windows: Sequence[int | None],
+        rows: Sequence[Layers],
+        positions: Sequence[int],
+        reserve: int = 0,
+    ) -> BatchedKV:
+        """A batch of ``rows`` (``[1, Hkv, n_l, D]`` per layer each, no bias) at
+        ``positions``, each buffer allocated once with ``reserve`` spare entries."""
+        batch = cls(windows)
+        if len(rows) != len(positions) or any(len(r) != len(batch.windows) for r in rows):
+            raise ValueError(f"every row needs {len(batch.windows)} layers and a position")
+        for i in range(len(batch.windows)):
+            k0 = rows[0][i][0]
+            width = max(r[i][0].shape[-2] for r in rows) + reserve
+            keys = k0.new_zeros((len(rows), k0.shape[1], width, k0.shape[3]))
+            values = torch.zeros_like(keys)
+            for r, row in enumerate(rows):
+                n = row[i][0].shape[-2]
+                keys[r, :, :n], values[r, :, :n] = row[i][0][0], row[i][1][0]
+            batch.keys.append(keys)
+            batch.values.append(values)
+        batch.lengths = torch.tensor([[k.shape[-2] for k, _ in r] for r in rows], dtype=torch.long)
+        batch.positions = torch.tensor(list(positions), dtype=torch.long)
+        return batch
+
     @property
     def rows(self) -> int:
         return int(self.positions.shape[0])

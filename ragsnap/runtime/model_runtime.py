@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,6 +14,7 @@ from ragsnap.generation import GenerationConfig, stop_token_ids
 from ragsnap.models import LoadedModel
 from ragsnap.runtime import blend as _blend
 from ragsnap.runtime import prefill as _prefill
+from ragsnap.runtime import tails as _tails
 from ragsnap.runtime.answer_attention import answer_attention
 from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.decode import DecodeBatch
@@ -86,6 +88,21 @@ class ModelRuntime:
             focus=focus,
             stop_ids=self.stop_ids,
         )[0]
+
+    def tails_batchable(self, tails: Sequence[_tails.Tail]) -> bool:
+        """Whether :meth:`prefill_tails` can finish ``tails`` together."""
+        return _tails.batchable(self.model, tails)
+
+    def prefill_tails(self, tails: Sequence[_tails.Tail]) -> list[PrefillResult]:
+        """Finish several prompts whose prefixes are loaded, in shared passes (one result
+        per tail, as :meth:`prefill` with ``cache`` and ``start`` gives it)."""
+        filled = [
+            t
+            if t.word_starts is not None
+            else dataclasses.replace(t, word_starts=word_starts(self.tokenizer, t.input_ids))
+            for t in tails
+        ]
+        return _tails.prefill_tails(self.model, self.cache_kwarg, filled, self.stop_ids)
 
     def prefill_many(
         self,

@@ -1,0 +1,166 @@
+"""Batched tails: prompts whose document prefix is cached, finished together.
+
+A prefix hit only prefills its tail (the question and the generation prompt) on top of its
+loaded prefix, drafts the first answer tokens (lookahead presses) and compresses. Several
+prefix hits waiting together share those passes: each is a row of one
+:class:`~ragsnap.runtime.forward.BatchedKV` holding its own prefix, every row feeds the
+same number of tail tokens (a shorter tail starts earlier and recomputes the last prefix
+positions, whose KV it already had), the draft runs as one-token passes over all rows, and
+then each row is compressed on its own cache with its own press and observation window,
+exactly as :func:`ragsnap.runtime.prefill.prefill` compresses one prompt. On a 2-core CPU a
+prefix hit is mostly passes of a few tokens each, which cost about as much for 8 rows as
+for one (the weights are read once per pass).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ragsnap.compression import Press, compression_hooks
+from ragsnap.compression.hooks import CompressionRecorder, attention_modules, query_capture
+from ragsnap.compression.lookahead import lookahead_tokens
+from ragsnap.runtime.forward import BatchedKV, forward_rows, sliding_windows
+from ragsnap.runtime.kv import cache_from_layers, cache_nbytes
+from ragsnap.runtime.prefill import PrefillResult, window_floor
+
+Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class Tail:
+    """One prompt to finish: ``input_ids``, whose first ``start`` positions ``prefix`` holds
+    (``[1, Hkv, >= start, D]`` per layer), compressed by ``press``. ``word_starts``,
+    ``roles`` and ``focus`` (``[L]`` each) describe its positions to the press."""
+
+    input_ids: Sequence[int]
+    prefix: Layers
+    start: int
+    press: Press
+    word_starts: torch.Tensor | None = None
+    roles: torch.Tensor | None = None
+    focus: torch.Tensor | None = None
+
+
+def batchable(model: Any, tails: Sequence[Tail]) -> bool:
+    """Whether ``tails`` can be finished together: a model without sliding-window layers
+    (their caches cannot be cut back after a draft), presses that vote with their window
+    only, and every prompt at least as long as the longest tail."""
+    if any(sliding_windows(model.config)) or not tails:
+        return False
+    longest = max(len(t.input_ids) - t.start for t in tails)
+    return all(t.press.window_only and len(t.input_ids) >= longest for t in tails)
+
+
+def prefill_tails(
+    model: Any, cache_kwarg: str, tails: Sequence[Tail], stop_ids: Collection[int] = ()
+) -> list[PrefillResult]:
+    """Prefill, draft and compress every tail of ``tails`` (see the module docstring); one
+    result per tail, as ``prefill(input_ids, press, cache=prefix, start=start)`` gives it
+    (up to float noise). ``prefill_s`` is the batch's shared time; ``stop_ids`` end a draft.
+
+    Raises ValueError when the tails are not :func:`batchable`.
+    """
+    if not batchable(model, tails):
+        raise ValueError("these tails cannot be finished in one batch")
+    length = max(len(t.input_ids) - t.start for t in tails)
+    starts = [len(t.input_ids) - length for t in tails]
+    ahead = [lookahead_tokens(t.press) for t in tails]
+    batch = BatchedKV.of_rows(
+        sliding_windows(model.config),
+        [[(k[:, :, :s], v[:, :, :s]) for k, v in t.prefix] for t, s in zip(tails, starts)],
+        starts,
+        reserve=length + max(ahead),
+    )
+    started = time.perf_counter()
+    keep = max(window_floor(t.press) for t in tails)
+    # one deferred recorder keeps every layer's input rows for the windows (all batch rows)
+    with compression_hooks(model, tails[0].press, deferred=True, keep_rows=keep) as inputs:
+        inputs.armed = True
+        logits = forward_rows(
+            model, cache_kwarg, batch, [t.input_ids[s:] for t, s in zip(tails, starts)], last=True
+        )
+        inputs.armed = False
+    drafted, drafts = draft_rows(model, cache_kwarg, batch, logits, ahead, stop_ids)
+    prefill_s = time.perf_counter() - started
+    modules = attention_modules(model)
+    results = []
+    for r, tail in enumerate(tails):
+        prompt = len(tail.input_ids)
+        cache = cache_from_layers(
+            model.config, [(k[:, :, :prompt], v[:, :, :prompt]) for k, v in batch.row_layers(r)]
+        )
+        recorder = CompressionRecorder(
+            [tail.press],
+            apply=True,
+            num_layers=len(modules),
+            word_starts=tail.word_starts,
+            roles=tail.roles,
+            focus=tail.focus,
+        )
+        window = window_floor(tail.press)
+        for layer, (module, hidden, (cos, sin)) in inputs.pending.items():
+            rows = slice(r, r + 1)
+            recorder.pending[layer] = (
+                module,
+                hidden[rows, -window:],
+                (cos[rows, -window:], sin[rows, -window:]),
+            )
+        k = len(drafts[r])
+        recorder.compress_pending(
+            cache, {layer: q[r : r + 1, :, :k] for layer, q in drafted.items()} if k else None
+        )
+        results.append(
+            PrefillResult(
+                cache=cache,
+                original_length=prompt,
+                next_logits=logits[r : r + 1],
+                kept=recorder.layer_results(0),
+                bias=recorder.layer_bias(0),
+                press_config=tail.press.config(),
+                prefill_s=prefill_s + recorder.seconds,
+                compress_s=recorder.seconds,
+                kv_bytes_full=recorder.bytes_seen,
+                kv_bytes_kept=cache_nbytes(cache),
+                processed_tokens=prompt - starts[r],
+                draft=drafts[r],
+            )
+        )
+    return results
+
+
+@torch.inference_mode()
+def draft_rows(
+    model: Any,
+    cache_kwarg: str,
+    batch: BatchedKV,
+    logits: torch.Tensor,
+    limits: Sequence[int],
+    stop_ids: Collection[int],
+) -> tuple[dict[int, torch.Tensor], list[list[int]]]:
+    """Greedily draft up to ``limits[r]`` tokens after each row of ``batch`` (``logits``:
+    ``[B, V]`` at each row's last position), appending their KV, stopping a row before an
+    end-of-turn token. Returns, per layer, the drafted tokens' queries ``[B, Hq, k, D]``
+    (row ``r``'s first ``len(drafts[r])`` are its own), and each row's tokens.
+
+    A row that stopped still feeds a token to the passes of the others; what it appends
+    lies past its draft and is never read."""
+    drafts: list[list[int]] = [[] for _ in limits]
+    passes = 0
+    with query_capture(model) as captured:
+        for _ in range(max(limits, default=0)):
+            fed = []
+            for r, row_logits in enumerate(logits):
+                token = int(row_logits.argmax())
+                if len(drafts[r]) == passes < limits[r] and token not in stop_ids:
+                    drafts[r].append(token)
+                fed.append([drafts[r][-1] if drafts[r] else token])
+            if all(len(d) <= passes for d in drafts):
+                break
+            logits = forward_rows(model, cache_kwarg, batch, fed, last=True)
+            passes += 1
+    return {layer: torch.cat(queries, dim=2) for layer, queries in captured.items()}, drafts

@@ -1,0 +1,93 @@
+"""Batched tails: prefix hits finished together keep what each would keep alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ragsnap.compression import make_press
+from ragsnap.generation import GenerationConfig
+from ragsnap.runtime.forward import BatchedKV
+from ragsnap.runtime.tails import Tail
+from tests.tiny_models import random_prompt, tiny_engine
+
+# (prompt length, prefix length, press): tails of 5 to 20 tokens, windows of 8 and 6
+CASES = [
+    (120, 110, ("ragsnap-lookahead", {"budget": 24, "window": 8})),
+    (90, 70, ("snapkv", {"budget": 30, "window": 6})),
+    (150, 145, ("ragsnap-lookahead", {"budget": 40, "window": 8, "lookahead": 3})),
+]
+
+
+def serial_and_batched(engine):
+    runtime = engine.runtime
+    tails, serial = [], []
+    for length, prefix_len, (name, options) in CASES:
+        ids = random_prompt(length, seed=length)
+        press = make_press(name, **options)
+        prefix = runtime.prefill_full(ids[:prefix_len])
+        start = min(prefix_len, length - options["window"])
+        cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
+        serial.append(runtime.prefill(ids, press, cache=runtime.cache_from(cropped), start=start))
+        tails.append(Tail(ids, prefix, start, press))
+    return serial, runtime.prefill_tails(tails)
+
+
+def decode(runtime, prefill, tokens=10):
+    batch = runtime.decode_batch(stop_ids=set())
+    row = batch.add(0, prefill, GenerationConfig(max_new_tokens=tokens))
+    for _ in batch.run():
+        pass
+    return row.tokens
+
+
+def test_tails_finished_together_equal_each_prefilled_alone() -> None:
+    engine = tiny_engine("llama")
+    engine.runtime.stop_ids = {1}
+    serial, batched = serial_and_batched(engine)
+    for alone, together in zip(serial, batched, strict=True):
+        assert together.original_length == alone.original_length
+        assert together.draft == alone.draft
+        assert torch.allclose(together.next_logits, alone.next_logits, atol=1e-4)
+        for a, b in zip(alone.kept, together.kept, strict=True):
+            assert torch.equal(a.indices, b.indices)
+            assert torch.allclose(a.values, b.values, rtol=1e-3, atol=1e-3)
+        assert alone.bias.keys() == together.bias.keys()
+        for layer, bias in alone.bias.items():
+            assert torch.allclose(together.bias[layer], bias, atol=1e-3)
+        assert decode(engine.runtime, together) == decode(engine.runtime, alone)
+    # the lookahead presses drafted (3 and 8 tokens unless a stop came first); snapkv did not
+    assert serial[0].draft and serial[2].draft and not serial[1].draft
+    assert len(serial[2].draft) <= 3
+    # the batch fed every row the longest tail (20 tokens): shorter tails started earlier
+    assert [r.processed_tokens for r in batched] == [20, 20, 20]
+
+
+def test_sliding_window_models_and_every_query_presses_are_not_batched() -> None:
+    gemma = tiny_engine("gemma3")
+    ids = random_prompt(60, seed=1)
+    prefix = gemma.runtime.prefill_full(ids[:50])
+    snap = make_press("snapkv", budget=20, window=8)
+    assert not gemma.runtime.tails_batchable([Tail(ids, prefix, 50, snap)])
+    llama = tiny_engine("llama")
+    prefix = llama.runtime.prefill_full(ids[:50])
+    assert llama.runtime.tails_batchable([Tail(ids, prefix, 50, snap)])
+    h2o = make_press("h2o", budget=20, window=8)
+    assert not llama.runtime.tails_batchable([Tail(ids, prefix, 50, h2o)])
+    with pytest.raises(ValueError, match="one batch"):
+        llama.runtime.prefill_tails([Tail(ids, prefix, 50, h2o)])
+
+
+def test_a_batch_built_from_rows_holds_each_row_and_its_spare_room() -> None:
+    rows = [
+        [(torch.full((1, 2, n, 4), float(n)), torch.full((1, 2, n, 4), -float(n)))] * 2
+        for n in (3, 5)
+    ]
+    batch = BatchedKV.of_rows([None, None], rows, [7, 9], reserve=4)
+    assert batch.rows == 2 and batch.lengths.tolist() == [[3, 3], [5, 5]]
+    assert batch.positions.tolist() == [7, 9] and batch.keys[0].shape == (2, 2, 9, 4)
+    for r, n in enumerate((3, 5)):
+        for k, v in batch.row_layers(r):
+            assert torch.equal(k, rows[r][0][0]) and torch.equal(v, rows[r][0][1])
+    with pytest.raises(ValueError, match="2 layers"):
+        BatchedKV.of_rows([None, None], [rows[0][:1]], [3])
