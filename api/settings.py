@@ -117,10 +117,13 @@ class Settings(BaseSettings):
     max_batch: int = Field(
         default=8, ge=1, le=256, description="requests decoded together (1: one at a time)"
     )
-    # 128: a 2K prompt prefilling next to 8 streams widens their p95 token gap 3.3x (256: 7.1x)
-    # and takes 1.4x as long as with 256 (64: 3.0x, 2.2x); bench batch --gap-chunks
+    # 512: cold 2K-token requests at 4 concurrent (embedded model, 2-core AVX2 CPU, prefill on
+    # both cores) came 1.46x as fast as with 128 and their median first token 1.9x as soon
+    # (bench peer); streams next to a prefill get their tokens in bursts (one per chunk).
+    # 128 keeps streams smooth: their p95 token gap widened 3.3x, against 7.1x at 256
+    # (bench batch --gap-chunks)
     step_tokens: int = Field(
-        default=128,
+        default=512,
         ge=32,
         le=65536,
         description="token budget of one scheduler step: a prefill chunk plus one token per running request",

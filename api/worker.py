@@ -196,7 +196,7 @@ class EngineWorker:
         metrics: ServiceMetrics,
         min_retry_s: int = 1,
         max_batch: int = 8,
-        step_tokens: int = 128,
+        step_tokens: int = 512,
         prefill_threads: int | None = None,
     ):
         self.engine = engine

@@ -95,7 +95,7 @@ class Scheduler:
         self,
         engine: RagSnapEngine,
         max_batch: int = 8,
-        step_tokens: int = 128,
+        step_tokens: int = 512,
         idle_chunk: int = IDLE_CHUNK,
         prefill_threads: int | None = None,
     ) -> None:

@@ -279,3 +279,12 @@ def test_ragsnap_serve_gets_the_prefill_threads_it_is_given(tmp_path: Path) -> N
 
     assert settings(2).prefill_threads == 2
     assert settings(None).prefill_threads is None  # the server's default: every core
+
+
+def test_vllm_computes_on_every_core_unless_told() -> None:
+    import os
+
+    from ragsnap.bench.peer import vllm_binding
+
+    assert vllm_binding("all") == ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    assert vllm_binding("auto") == "auto" and vllm_binding("0-1") == "0-1"

@@ -292,7 +292,9 @@ def test_prefix_hits_waiting_together_are_finished_together(engine_tiny, tmp_pat
         engine, groups = engine_on(folder), []
         real = engine.finish_prefix_hits
         monkeypatch.setattr(
-            engine, "finish_prefix_hits", lambda pending: groups.append(len(pending)) or real(pending)
+            engine,
+            "finish_prefix_hits",
+            lambda pending: groups.append(len(pending)) or real(pending),
         )
         scheduler = Scheduler(engine, max_batch=max_batch, step_tokens=48, idle_chunk=32)
         requests = new_questions(miss_at)

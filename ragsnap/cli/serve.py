@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--step-tokens",
         type=int,
-        help="token budget of a scheduler step: prefill chunk + one per running request (128)",
+        help="token budget of a scheduler step: prefill chunk + one per running request (512)",
     )
     parser.add_argument(
         "--prefill-threads",
