@@ -16,14 +16,15 @@ CASES = [
     (120, 110, ("ragsnap-lookahead", {"budget": 24, "window": 8})),
     (90, 70, ("snapkv", {"budget": 30, "window": 6})),
     (150, 145, ("ragsnap-lookahead", {"budget": 40, "window": 8, "lookahead": 3})),
+    (60, 52, ("full", {"window": 8})),  # keeps every entry, as they are
 ]
 
 
-def serial_and_batched(engine):
+def serial_and_batched(engine, seed=0):
     runtime = engine.runtime
     tails, serial = [], []
     for length, prefix_len, (name, options) in CASES:
-        ids = random_prompt(length, seed=length)
+        ids = random_prompt(length, seed=length + seed)
         press = make_press(name, **options)
         prefix = runtime.prefill_full(ids[:prefix_len])
         start = min(prefix_len, length - options["window"])
@@ -60,7 +61,14 @@ def test_tails_finished_together_equal_each_prefilled_alone() -> None:
     assert serial[0].draft and serial[2].draft and not serial[1].draft
     assert len(serial[2].draft) <= 3
     # the batch fed every row the longest tail (20 tokens): shorter tails started earlier
-    assert [r.processed_tokens for r in batched] == [20, 20, 20]
+    assert [r.processed_tokens for r in batched] == [20, 20, 20, 20]
+    # the next batch reuses the batch memory: no result of this one refers to it
+    before = [[(k.clone(), v.clone()) for k, v in r.layers] for r in batched]
+    serial_and_batched(engine, seed=1)
+    for result, layers in zip(batched, before, strict=True):
+        for (k, v), (k0, v0) in zip(result.layers, layers, strict=True):
+            assert torch.equal(k, k0) and torch.equal(v, v0)
+    assert engine.runtime._tail_scratch  # kept for the next batch
 
 
 def test_sliding_window_models_and_every_query_presses_are_not_batched() -> None:
@@ -86,7 +94,7 @@ def test_a_batch_built_from_rows_holds_each_row_and_its_spare_room() -> None:
     batch = BatchedKV.of_rows([None, None], rows, [7, 9], reserve=4)
     assert batch.rows == 2 and batch.lengths.tolist() == [[3, 3], [5, 5]]
     assert batch.positions.tolist() == [7, 9] and batch.keys[0].shape == (2, 2, 9, 4)
-    for r, n in enumerate((3, 5)):
+    for r in range(2):
         for k, v in batch.row_layers(r):
             assert torch.equal(k, rows[r][0][0]) and torch.equal(v, rows[r][0][1])
     with pytest.raises(ValueError, match="2 layers"):

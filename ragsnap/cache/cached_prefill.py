@@ -22,6 +22,7 @@ and computes without it; a damaged or stale entry is deleted and recomputed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -257,7 +258,7 @@ class CachedPrefill:
             for hit, result in zip(todo, computed, strict=True):
                 results[hit.key.digest] = result
                 if hit.report.status != "unavailable":
-                    self._put(hit.key, lambda r=result: self._serialize(r), hit.report)
+                    self._put(hit.key, functools.partial(self._serialize, result), hit.report)
         return [results[hit.key.digest] for hit in hits]
 
     # -- store access, never raising ----------------------------------------------------

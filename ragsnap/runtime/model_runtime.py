@@ -49,6 +49,8 @@ class ModelRuntime:
         self.cache_kwarg = loaded.cache_kwarg
         self.stop_ids = stop_token_ids(self.tokenizer, self.model)
         self.windows = sliding_windows(self.model.config)
+        # batch memory of prefill_tails, reused from one batch to the next
+        self._tail_scratch: list[tuple[torch.Tensor, torch.Tensor]] = []
         install_runtime_attention(self.model)
 
     def new_cache(self) -> Any:
@@ -102,7 +104,9 @@ class ModelRuntime:
             else dataclasses.replace(t, word_starts=word_starts(self.tokenizer, t.input_ids))
             for t in tails
         ]
-        return _tails.prefill_tails(self.model, self.cache_kwarg, filled, self.stop_ids)
+        return _tails.prefill_tails(
+            self.model, self.cache_kwarg, filled, self.stop_ids, self._tail_scratch
+        )
 
     def prefill_many(
         self,

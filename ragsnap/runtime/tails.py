@@ -57,11 +57,17 @@ def batchable(model: Any, tails: Sequence[Tail]) -> bool:
 
 
 def prefill_tails(
-    model: Any, cache_kwarg: str, tails: Sequence[Tail], stop_ids: Collection[int] = ()
+    model: Any,
+    cache_kwarg: str,
+    tails: Sequence[Tail],
+    stop_ids: Collection[int] = (),
+    scratch: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> list[PrefillResult]:
     """Prefill, draft and compress every tail of ``tails`` (see the module docstring); one
     result per tail, as ``prefill(input_ids, press, cache=prefix, start=start)`` gives it
-    (up to float noise). ``prefill_s`` is the batch's shared time; ``stop_ids`` end a draft.
+    (up to float noise). ``prefill_s`` is the batch's shared time plus the row's
+    compression; ``stop_ids`` end a draft. ``scratch`` is batch memory to reuse (see
+    :meth:`BatchedKV.of_rows`): no result refers to it.
 
     Raises ValueError when the tails are not :func:`batchable`.
     """
@@ -72,9 +78,13 @@ def prefill_tails(
     ahead = [lookahead_tokens(t.press) for t in tails]
     batch = BatchedKV.of_rows(
         sliding_windows(model.config),
-        [[(k[:, :, :s], v[:, :, :s]) for k, v in t.prefix] for t, s in zip(tails, starts)],
+        [
+            [(k[:, :, :s], v[:, :, :s]) for k, v in t.prefix]
+            for t, s in zip(tails, starts, strict=True)
+        ],
         starts,
         reserve=length + max(ahead),
+        scratch=scratch,
     )
     started = time.perf_counter()
     keep = max(window_floor(t.press) for t in tails)
@@ -82,7 +92,11 @@ def prefill_tails(
     with compression_hooks(model, tails[0].press, deferred=True, keep_rows=keep) as inputs:
         inputs.armed = True
         logits = forward_rows(
-            model, cache_kwarg, batch, [t.input_ids[s:] for t, s in zip(tails, starts)], last=True
+            model,
+            cache_kwarg,
+            batch,
+            [t.input_ids[s:] for t, s in zip(tails, starts, strict=True)],
+            last=True,
         )
         inputs.armed = False
     drafted, drafts = draft_rows(model, cache_kwarg, batch, logits, ahead, stop_ids)
@@ -114,6 +128,8 @@ def prefill_tails(
         recorder.compress_pending(
             cache, {layer: q[r : r + 1, :, :k] for layer, q in drafted.items()} if k else None
         )
+        for layer in cache.layers:  # what a press kept whole is still a view of the batch
+            layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
         results.append(
             PrefillResult(
                 cache=cache,
