@@ -6,9 +6,9 @@ plus a chunk of one waiting prompt's prefill (``step_tokens`` minus the running 
 prefill runs through the engine's cache tiers (a hit skips straight to decode), and
 between its chunks the running rows take their next decode step, so streams keep flowing
 while a new prompt prefills. Prefix hits (a new question over documents whose KV is
-stored) waiting together are finished in shared passes: their tails, drafts and
-compression take about as long for eight as for one or two. A request that finishes or is cancelled leaves at the next
-step; a new one joins at the next step. ``max_batch=1`` is the serial behaviour: one
+stored) waiting together are finished in shared passes (one for their tails, one per
+drafted token; the running rows wait for them). A request that finishes or is cancelled
+leaves at the next step; a new one joins at the next step. ``max_batch=1`` is the serial behaviour: one
 request at a time, start to finish.
 
 What follows an answer's last token (attribution of its citations, its stats, storing the

@@ -288,3 +288,13 @@ def test_vllm_computes_on_every_core_unless_told() -> None:
 
     assert vllm_binding("all") == ",".join(map(str, sorted(os.sched_getaffinity(0))))
     assert vllm_binding("auto") == "auto" and vllm_binding("0-1") == "0-1"
+
+
+def test_vllm_does_not_inherit_this_benchs_thread_settings(monkeypatch) -> None:
+    from ragsnap.bench.peer_servers import vllm_env
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what `ragsnap --threads 1` sets for itself
+    monkeypatch.setenv("MKL_NUM_THREADS", "1")
+    env = vllm_env("0,1", 2)
+    assert "OMP_NUM_THREADS" not in env and "MKL_NUM_THREADS" not in env
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"

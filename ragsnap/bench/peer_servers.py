@@ -197,7 +197,10 @@ def vllm_argv(
 def vllm_env(threads: str, kv_space_gib: int) -> dict[str, str]:
     """vLLM's CPU settings: which cores its OpenMP threads bind to, and its KV cache size."""
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
+    # this bench's own thread settings (--threads) would cap vLLM's torch threads at them:
+    # vLLM sets OMP_NUM_THREADS from its core binding
+    for name in ("PYTHONPATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.pop(name, None)
     env.update(
         {
             "VLLM_CPU_OMP_THREADS_BIND": threads,
