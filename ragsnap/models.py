@@ -189,10 +189,10 @@ def load_model(
             converted_weights.save_converted(*loaded, gguf, converted)
     model, tokenizer = loaded
     model.to(device=target, dtype=torch_dtype).eval()
-    if target.type == "cpu" and torch_dtype == torch.float32:
-        cpu_linears.column_major_linears(model)
-    elif target.type == "cpu" and torch_dtype == torch.bfloat16:
+    if target.type == "cpu":
         cpu_linears.pack_linears(model)
+        if torch_dtype == torch.float32:  # any linear left dense
+            cpu_linears.column_major_linears(model)
     commit = getattr(model.config, "_commit_hash", None)
     logger.info("loaded %s on %s (%s, %s)", model_id, target, attn, torch_dtype)
     return LoadedModel(

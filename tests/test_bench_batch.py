@@ -44,25 +44,28 @@ def test_bench_load_compares_the_serial_and_the_batched_worker(tiny, capsys) -> 
     assert report["ratio_to_first"]["1"]["answers_per_s"] == 1.0
 
 
-def test_bench_batch_compares_packed_and_dense_linears(monkeypatch, capsys) -> None:
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_bench_batch_compares_packed_and_dense_linears(dtype, monkeypatch, capsys) -> None:
     import torch
 
-    from ragsnap.cpu_linears import PackedLinear, can_pack, pack_linears
+    from ragsnap.cpu_linears import HalfWeightLinear, PackedLinear, can_pack, can_pack_half
+    from ragsnap.cpu_linears import pack_linears
     from ragsnap.engine import RagSnapEngine
     from tests.tiny_models import tiny_engine
 
-    if not can_pack():
-        pytest.skip("this torch build has no oneDNN packing")
+    if not (can_pack() if dtype == "bfloat16" else can_pack_half()):
+        pytest.skip(f"this torch build or CPU cannot pack {dtype} linears")
     engine = tiny_engine("llama")
-    engine.runtime.model.to(torch.bfloat16)
+    engine.runtime.model.to(getattr(torch, dtype))
     linears = pack_linears(engine.runtime.model)
+    Packed = PackedLinear if dtype == "bfloat16" else HalfWeightLinear
     monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
     import ragsnap.bench.batch as batch
 
     layouts, real = [], batch.timed_batch
 
     def timed(engine_, prefills, steps):  # which layout each timed run decoded with
-        packed = sum(isinstance(m, PackedLinear) for m in engine_.runtime.model.modules())
+        packed = sum(isinstance(m, Packed) for m in engine_.runtime.model.modules())
         layouts.append("packed" if packed == linears else "dense" if packed == 0 else "mixed")
         return real(engine_, prefills, steps)
 
@@ -77,7 +80,7 @@ def test_bench_batch_compares_packed_and_dense_linears(monkeypatch, capsys) -> N
         r["packed_ms_per_step"] > 0 and r["dense_ms_per_step"] > 0 for r in report["linears"]
     )
     # the model is left as it was loaded: every linear packed again
-    assert sum(isinstance(m, PackedLinear) for m in engine.runtime.model.modules()) == linears
+    assert sum(isinstance(m, Packed) for m in engine.runtime.model.modules()) == linears
 
 
 def test_bench_batch_compare_linears_needs_packed_linears(tiny, capsys) -> None:

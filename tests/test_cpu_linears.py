@@ -1,4 +1,5 @@
-"""CPU weight layouts: oneDNN-packed bfloat16 linears compute what the dense ones do."""
+"""CPU weight layouts: packed linears (oneDNN bfloat16, fbgemm half-precision weights for
+float32) compute what the dense ones do."""
 
 from __future__ import annotations
 
@@ -7,12 +8,21 @@ import copy
 import pytest
 import torch
 
-from ragsnap.cpu_linears import PackedLinear, can_pack, column_major_linears, pack_linears
+from ragsnap.cpu_linears import (
+    HalfWeightLinear,
+    PackedLinear,
+    can_pack,
+    can_pack_half,
+    column_major_linears,
+    pack_linears,
+    unpack_linears,
+)
 from tests.tiny_models import random_prompt, tiny_model
 
 packing = pytest.mark.skipif(
     not can_pack(), reason="no oneDNN bfloat16 packing on this torch build or CPU"
 )
+half_packing = pytest.mark.skipif(not can_pack_half(), reason="no fbgemm in this torch build")
 
 
 @packing
@@ -55,16 +65,95 @@ def test_a_packed_model_keeps_its_logits_and_its_tied_embedding(arch):
     assert torch.equal(got[0].argmax(-1), want[0].argmax(-1))
 
 
-def test_float32_models_are_not_packed_and_column_major_keeps_values():
+@half_packing
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 64), (8, 64), (2, 3, 64), (129, 64), (0, 64)])
+def test_a_half_weight_linear_computes_with_the_rounded_weight_in_float32(bias, shape):
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(64, 48, bias=bias)
+    x = torch.randn(*shape)
+    layer = HalfWeightLinear(dense)
+    rounded = dense.weight.detach().half().float()
+    assert torch.equal(layer.dense_weight(), rounded)
+    got = layer(x)
+    assert got.dtype == torch.float32 and got.shape == (*shape[:-1], 48)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, rounded, dense.bias))
+    # only the weight is rounded: far closer to the float32 layer than a bfloat16 one is
+    full = dense(x)
+    if x.numel():
+        assert (got - full).abs().max() < 1e-2 * full.abs().max()
+
+
+@half_packing
+def test_a_half_weight_row_depends_on_the_rows_beside_it_only_to_float32_rounding():
+    torch.manual_seed(1)
+    layer = HalfWeightLinear(torch.nn.Linear(64, 96))
+    rows = torch.randn(8, 64)
+    rows[3] *= 1000  # a loud neighbour: activations are not quantized per batch
+    alone = torch.cat([layer(rows[i : i + 1]) for i in range(8)])
+    together = layer(rows)
+    quiet = [i for i in range(8) if i != 3]
+    torch.testing.assert_close(together[quiet], alone[quiet], rtol=1e-5, atol=1e-5)
+    assert (together[3] - alone[3]).abs().max() < 1e-5 * alone[3].abs().max()
+
+
+@half_packing
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_float32_model_packs_its_weights_in_half_precision_and_keeps_its_greedy_tokens(arch):
+    model = tiny_model(arch, tie_word_embeddings=True).eval()
+    packed = copy.deepcopy(model)
+    embedding = packed.get_input_embeddings().weight
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert pack_linears(packed) == linears
+    assert sum(isinstance(m, HalfWeightLinear) for m in packed.modules()) == linears
+    assert packed.get_input_embeddings().weight is embedding  # the embedding stays float32
+    assert embedding.dtype == torch.float32
+    ids = torch.tensor([random_prompt(24)])
+    with torch.no_grad():
+        want = model(ids).logits
+        got = packed(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    assert torch.equal(got[0].argmax(-1), want[0].argmax(-1))
+    # unpacked, the model computes with the rounded weights, densely, to float32 accuracy
+    assert unpack_linears(packed) == linears
+    with torch.no_grad():
+        torch.testing.assert_close(packed(ids).logits, got, rtol=1e-4, atol=1e-4)
+
+
+def test_column_major_keeps_values():
     model = tiny_model("llama").eval()
     before = {n: p.clone() for n, p in model.named_parameters()}
-    assert pack_linears(model) == 0
     column_major_linears(model)
     for name, param in model.named_parameters():
         assert torch.equal(param, before[name])
     assert all(
         not m.weight.is_contiguous() for m in model.modules() if isinstance(m, torch.nn.Linear)
     )
+
+
+def test_a_torch_without_fbgemm_keeps_float32_linears_dense(monkeypatch):
+    import ragsnap.cpu_linears as cpu_linears
+
+    real = torch.ops.quantized
+
+    class Refusing:  # what a build whose quantized engine lacks fbgemm says
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def linear_prepack_fp16(weight, bias):
+            raise RuntimeError("Didn't find engine for operation quantized::linear_prepack_fp16")
+
+    monkeypatch.setattr(cpu_linears.torch.ops, "quantized", Refusing())
+    cpu_linears.can_pack_half.cache_clear()
+    try:
+        model = tiny_model("llama").eval()
+        assert not cpu_linears.can_pack_half()
+        assert pack_linears(model) == 0
+        assert all(type(m) is not HalfWeightLinear for m in model.modules())
+    finally:
+        monkeypatch.undo()
+        cpu_linears.can_pack_half.cache_clear()
 
 
 def test_a_cpu_that_refuses_the_bfloat16_reorder_keeps_its_linears_dense(monkeypatch):

@@ -12,9 +12,9 @@ chunks of each size with a decode step between chunks (as the scheduler does); r
 are the p50/p95 gaps between tokens during that prefill against the gaps with nothing
 prefilling, and the prefill's wall time (the new request's first token, steps included).
 
-``--compare-linears`` (bfloat16 on CPU) also times the compressed rows' decode steps with
-the oneDNN-packed linears the model loads with and with plain dense ones, alternating
-between the two layouts on the same rows.
+``--compare-linears`` (CPU) also times the compressed rows' decode steps with the packed
+linears the model loads with (oneDNN bfloat16, or fbgemm half-precision weights for
+float32) and with plain dense ones, alternating between the two layouts on the same rows.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compare-linears",
         action="store_true",
-        help="also time decode with oneDNN-packed vs dense bfloat16 linears (CPU)",
+        help="also time decode with packed vs dense linears (CPU)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON")
 
@@ -122,8 +122,8 @@ def compare_linears(
     model = engine.runtime.model
     if unpack_linears(model) == 0:
         raise ConfigError(
-            "--compare-linears: the model has no oneDNN-packed linears "
-            "(they are used for bfloat16 on CPU: --dtype bfloat16 --device cpu)"
+            "--compare-linears: the model has no packed linears (they are used on CPU only, "
+            "where this torch build can pack the model's dtype: --device cpu)"
         )
     seconds: dict[tuple[str, int], list[float]] = {}
     try:
