@@ -47,13 +47,15 @@ def fit_mass_weights(kept: torch.Tensor, target: torch.Tensor, iterations: int) 
     ``[..., n]`` weights; the updates keep them non-negative, and starting from 1 keeps
     the under-determined problem (``Q < n``) close to "no bias".
     """
-    weights = torch.ones(kept.shape[:-2] + kept.shape[-1:], dtype=kept.dtype, device=kept.device)
-    numerator = (kept * target.unsqueeze(-1)).sum(-2)  # A^T b: [..., n]
+    # as row vectors ([..., 1, Q] and [..., 1, n]) every product is one batched GEMV
+    weights = torch.ones(kept.shape[:-2] + (1, kept.shape[-1]), dtype=kept.dtype, device=kept.device)
+    numerator = target.unsqueeze(-2) @ kept  # A^T b: [..., 1, n]
+    kept_t = kept.transpose(-1, -2)  # [..., n, Q]
     for _ in range(iterations):
-        fitted = (kept @ weights.unsqueeze(-1)).squeeze(-1)  # A w: [..., Q]
-        denominator = (kept * fitted.unsqueeze(-1)).sum(-2)  # A^T A w: [..., n]
+        fitted = weights @ kept_t  # (A w)^T: [..., 1, Q]
+        denominator = fitted @ kept  # (A^T A w)^T: [..., 1, n]
         weights = weights * numerator / denominator.clamp_min(1e-30)
-    return weights
+    return weights.squeeze(-2)
 
 
 def refit_values(
