@@ -79,6 +79,7 @@ def load_engine(settings: Settings) -> RagSnapEngine:
         store=store,
         document_cache=settings.document_cache,
         recompute_share=settings.reuse_recompute,
+        prefix_memory_bytes=settings.prefix_memory_mb << 20,
         speculate=settings.speculate,
         speculate_ngrams=settings.speculate_ngrams,
     )

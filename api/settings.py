@@ -52,6 +52,12 @@ class Settings(BaseSettings):
         description="share of reused document tokens recomputed with the full context "
         "(0: plain concatenation, 1: as a cold prefill)",
     )
+    prefix_memory_mb: int = Field(
+        default=1024,
+        ge=0,
+        description="MiB of document prefixes kept in this process's memory in front of the "
+        "store (a new question over documents just seen skips the store read); 0 = off",
+    )
     default_press: str = Field(
         default="ragsnap-lookahead",
         description="press of the requests that name none; `ragsnap` drafts no answer tokens "

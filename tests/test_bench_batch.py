@@ -48,8 +48,13 @@ def test_bench_load_compares_the_serial_and_the_batched_worker(tiny, capsys) -> 
 def test_bench_batch_compares_packed_and_dense_linears(dtype, monkeypatch, capsys) -> None:
     import torch
 
-    from ragsnap.cpu_linears import HalfWeightLinear, PackedLinear, can_pack, can_pack_half
-    from ragsnap.cpu_linears import pack_linears
+    from ragsnap.cpu_linears import (
+        HalfWeightLinear,
+        PackedLinear,
+        can_pack,
+        can_pack_half,
+        pack_linears,
+    )
     from ragsnap.engine import RagSnapEngine
     from tests.tiny_models import tiny_engine
 

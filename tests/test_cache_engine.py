@@ -155,7 +155,8 @@ def test_redis_killed_between_requests_then_restarted(engine, redis_factory, ns,
     assert down.stats.cache == "unavailable" and down.answer == cold(Q1)
     assert down.stats.cache_bytes_written == 0
     server.start()  # the same port, empty
-    assert ask(eng, Q1, ns).stats.cache == "miss"
+    # the documents' prefix outlived Redis in this process's memory: only the tail runs
+    assert ask(eng, Q1, ns).stats.cache == "prefix-hit"
     assert ask(eng, Q1, ns).stats.cache == "hit"
 
 
@@ -201,8 +202,11 @@ def test_eight_concurrent_identical_requests_prefill_once(
     assert len({r.answer for r in results}) == 1
 
 
-def test_prefix_hit_prefills_only_the_tail_and_matches_a_cold_run(engine, redis_server, ns, cold):
-    eng = redis_engine(engine, redis_server.url)
+@pytest.mark.parametrize("memory", [0, 1 << 30], ids=["from-the-store", "from-memory"])
+def test_prefix_hit_prefills_only_the_tail_and_matches_a_cold_run(
+    engine, redis_server, ns, cold, memory
+):
+    eng = redis_engine(engine, redis_server.url, prefix_memory_bytes=memory)
     assert ask(eng, Q1, ns).stats.cache == "miss"  # stores the documents' prefix
     calls = counting(eng)
     done = ask(eng, Q2, ns)
@@ -211,8 +215,32 @@ def test_prefix_hit_prefills_only_the_tail_and_matches_a_cold_run(engine, redis_
     assert tail > 8  # longer than the window: the forward covers exactly the tail
     assert done.stats.cache == "prefix-hit"
     assert calls == [tail] and done.stats.prefill_tokens == tail
+    # the prefix came from this process's memory (no bytes read) or from Redis
+    assert (done.stats.cache_bytes_read == 0) == bool(memory)
     assert done.answer == cold(Q2)
     assert ask(eng, Q2, ns).stats.cache == "hit"
+
+
+@pytest.mark.parametrize("storage", [None, "bfloat16"])
+def test_a_prefix_from_memory_is_the_prefix_the_store_gives_back(engine, tmp_path, ns, storage):
+    """Two engines on one store, as two processes: the one that computed the prefix keeps
+    it in memory, the other reads it from the store (then keeps it); both answer alike, also
+    when the store keeps KV in a smaller dtype (memory keeps it rounded the same way)."""
+    store = open_store(f"file://{tmp_path}")
+    first = RagSnapEngine(engine.loaded, store=store, storage_dtype=storage)
+    second = RagSnapEngine(engine.loaded, store=store, storage_dtype=storage)
+    opts = options(tokens=8)
+    assert ask(first, Q1, ns, opts).stats.cache == "miss"
+    mine, other = ask(first, Q2, ns, opts), ask(second, Q2 + " Briefly.", ns, opts)
+    assert (mine.stats.cache, other.stats.cache) == ("prefix-hit", "prefix-hit")
+    assert mine.stats.cache_bytes_read == 0 < other.stats.cache_bytes_read
+    assert len(second.tiers.memory) == 1  # now kept by the second process too
+    layout = first.build_prompt(Q2, DOCS, opts.generation, order="given")
+    pkey = first.tiers.entry_keys(layout, opts.press, Q2, ns)[1]
+    kept, loaded = first.tiers.memory.get(pkey), second.tiers.memory.get(pkey)
+    for (k1, v1), (k2, v2) in zip(kept, loaded, strict=True):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    assert ask(second, Q2, ns, opts).answer == mine.answer
 
 
 def test_prefix_hit_with_a_window_longer_than_the_tail_crops_the_prefix(

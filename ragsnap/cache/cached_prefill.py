@@ -34,6 +34,7 @@ import torch
 
 from ragsnap.cache import keys
 from ragsnap.cache.document_tier import DEFAULT_RECOMPUTE_SHARE, DocumentRunner, DocumentTier
+from ragsnap.cache.prefix_memory import Layers, PrefixMemory
 from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import (
     StaleEntry,
@@ -59,9 +60,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FLIGHT_WAIT_S = 600.0
-
-
-Layers = list[tuple[torch.Tensor, torch.Tensor]]
+# document prefixes kept in memory: ten 2K-token prompts of the embedded model in float32
+DEFAULT_PREFIX_MEMORY_BYTES = 1 << 30
 
 
 class PrefillRunner(DocumentRunner, Protocol):
@@ -114,15 +114,19 @@ class CachedPrefill:
         document_cache: bool = False,
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
         recompute_select: str = DEFAULT_SELECTION,
+        prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
     ) -> None:
         """``document_cache`` keeps each document's KV for prompts that combine them anew,
         recomputing ``recompute_share`` of their tokens (0: plain concatenation), chosen
-        per ``recompute_select`` (see :func:`ragsnap.runtime.blend.blend_prefix`)."""
+        per ``recompute_select`` (see :func:`ragsnap.runtime.blend.blend_prefix`);
+        ``prefix_memory_bytes`` of the most recently used document prefixes stay in this
+        process's memory in front of the store (:mod:`ragsnap.cache.prefix_memory`)."""
         self.runner = runner
         self.loaded = loaded
         self.store = store
         self.prefix_cache = prefix_cache
         self.storage_dtype = storage_dtype
+        self.memory = PrefixMemory(prefix_memory_bytes if prefix_cache else 0)
         self.documents = (
             DocumentTier(self, runner, recompute_share, recompute_select)
             if document_cache
@@ -240,8 +244,8 @@ class CachedPrefill:
         """Finish ``hits`` in shared passes and store each compressed entry (one result per
         hit; hits of the same entry share one). An entry another request stored meanwhile
         is loaded instead."""
-        unique = list({hit.key.digest: hit for hit in hits}.values())
-        results: dict[str, PrefillResult] = {}
+        unique = list({hit.key: hit for hit in hits}.values())
+        results: dict[EntryKey, PrefillResult] = {}
         with ExitStack() as held:
             for hit in unique:
                 held.enter_context(self.store.exclusive(hit.key, wait_s=FLIGHT_WAIT_S))
@@ -249,17 +253,17 @@ class CachedPrefill:
             for hit in unique:
                 stored = self._load_compressed(hit.key, hit.report)
                 if stored is not None:
-                    results[hit.key.digest] = stored
+                    results[hit.key] = stored
                 else:
                     todo.append(hit)
             tails = [hit.tail for hit in todo]
             groups = [tails] if self.runner.tails_batchable(tails) else [[t] for t in tails]
             computed = [r for group in groups if group for r in self.runner.prefill_tails(group)]
             for hit, result in zip(todo, computed, strict=True):
-                results[hit.key.digest] = result
+                results[hit.key] = result
                 if hit.report.status != "unavailable":
                     self._put(hit.key, functools.partial(self._serialize, result), hit.report)
-        return [results[hit.key.digest] for hit in hits]
+        return [results[hit.key] for hit in hits]
 
     # -- store access, never raising ----------------------------------------------------
 
@@ -367,6 +371,7 @@ class CachedPrefill:
             prefix = self.runner.prefill_full(layout.input_ids[: layout.prefix_len], on_chunk)
             prefix_s, prefix_tokens = time.perf_counter() - prefix_started, layout.prefix_len
             if store and self.prefix_cache:
+                self.memory.put(pkey, self._as_stored(prefix))
                 report.pending.append((pkey, self._prefix_payload(prefix, layout)))
         with torch.inference_mode():
             cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
@@ -393,10 +398,24 @@ class CachedPrefill:
             storage_dtype=self.storage_dtype,
         )
 
+    def _as_stored(self, layers: Layers) -> Layers:
+        """``layers`` as a load from the store returns them (rounded to the storage dtype)."""
+        if self.storage_dtype is None:
+            return layers
+        with torch.inference_mode():
+            return [
+                (k.to(self.storage_dtype).to(k.dtype), v.to(self.storage_dtype).to(v.dtype))
+                for k, v in layers
+            ]
+
     def _load_prefix(
         self, key: EntryKey, layout: PromptLayout, report: CacheReport
     ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         started = time.perf_counter()
+        kept = self.memory.get(key)
+        if kept is not None:
+            report.load_s += time.perf_counter() - started
+            return kept
         payload = self._get(key, report)
         if payload is None:
             return None
@@ -414,6 +433,7 @@ class CachedPrefill:
         except Exception as exc:  # any entry that does not load is a miss, never a 500
             self._drop(key, exc)
             return None
+        self.memory.put(key, layers)
         report.bytes_read += len(payload)
         report.load_s += time.perf_counter() - started
         return layers

@@ -50,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run on); decode steps keep --threads",
     )
     parser.add_argument(
+        "--prefix-memory-mb",
+        type=int,
+        help="document prefixes kept in this process's memory in front of the cache store, "
+        "most recently used first (default 1024; 0: off)",
+    )
+    parser.add_argument(
         "--speculate",
         type=int,
         help="drafted tokens a greedy answer feeds per decode step (default "
@@ -100,6 +106,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
         "max_batch": args.max_batch,
         "step_tokens": args.step_tokens,
         "prefill_threads": args.prefill_threads,
+        "prefix_memory_mb": args.prefix_memory_mb,
         "speculate": args.speculate,
         "speculate_ngrams": args.speculate_ngrams,
     }

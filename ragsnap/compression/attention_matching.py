@@ -48,7 +48,9 @@ def fit_mass_weights(kept: torch.Tensor, target: torch.Tensor, iterations: int) 
     the under-determined problem (``Q < n``) close to "no bias".
     """
     # as row vectors ([..., 1, Q] and [..., 1, n]) every product is one batched GEMV
-    weights = torch.ones(kept.shape[:-2] + (1, kept.shape[-1]), dtype=kept.dtype, device=kept.device)
+    weights = torch.ones(
+        kept.shape[:-2] + (1, kept.shape[-1]), dtype=kept.dtype, device=kept.device
+    )
     numerator = target.unsqueeze(-2) @ kept  # A^T b: [..., 1, n]
     kept_t = kept.transpose(-1, -2)  # [..., n, Q]
     for _ in range(iterations):
