@@ -149,7 +149,7 @@ def pack_linears(model: torch.nn.Module) -> int:
     Returns how many were replaced (0 when this build or CPU cannot pack the model's dtype;
     a layer whose packing fails is left as it was).
     """
-    packers = {}
+    packers: dict[torch.dtype, type[torch.nn.Module]] = {}
     if can_pack():
         packers[torch.bfloat16] = PackedLinear
     if can_pack_half():
