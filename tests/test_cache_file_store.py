@@ -95,3 +95,28 @@ def test_two_processes_share_one_directory(tmp_path):
     store = FileKVStore(tmp_path, max_bytes=40_000)
     assert store.stats()["bytes"] <= 40_000
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_holding_several_keys_of_one_lock_stripe_does_not_wait_on_itself(tmp_path):
+    """Entry locks are striped by the digest's first byte: a group of prefix hits whose
+    keys share a stripe once waited out the whole lock timeout on its own lock."""
+    import threading
+    import time
+
+    store = FileKVStore(tmp_path)
+    same_stripe = [EntryKey("default", "kv", ("abcdef01" + uuid.uuid4().hex * 2)[:64]) for _ in range(3)]
+    started = time.monotonic()
+    with store.exclusive_many([*same_stripe, same_stripe[0]], wait_s=30):
+        held = time.monotonic() - started
+        # another thread still waits for the stripe, whichever of its keys it asks for
+        entered = threading.Event()
+
+        def other() -> None:
+            with store.exclusive(same_stripe[1], wait_s=30):
+                entered.set()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert not entered.wait(0.5)
+    thread.join(10)
+    assert entered.is_set() and held < 5

@@ -26,7 +26,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -246,9 +245,7 @@ class CachedPrefill:
         is loaded instead."""
         unique = list({hit.key: hit for hit in hits}.values())
         results: dict[EntryKey, PrefillResult] = {}
-        with ExitStack() as held:
-            for hit in unique:
-                held.enter_context(self.store.exclusive(hit.key, wait_s=FLIGHT_WAIT_S))
+        with self.store.exclusive_many([hit.key for hit in unique], wait_s=FLIGHT_WAIT_S):
             todo = []
             for hit in unique:
                 stored = self._load_compressed(hit.key, hit.report)

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +35,9 @@ DIGEST_BYTES = 32
 DEFAULT_MAX_BYTES = 4 * 2**30
 SUFFIX = ".kv"
 _STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
-_LOCK_STRIPES = 256  # entry locks are striped so lock files never pile up
+# entry locks are striped so lock files never pile up: the digest's first byte, so taking
+# keys in digest order (KVStore.exclusive_many) takes their stripes in order too
+_LOCK_STRIPES = 256
 DIR_MODE = 0o700
 FILE_MODE = 0o600
 
@@ -50,6 +53,10 @@ class FileKVStore(KVStore):
         self.max_bytes = DEFAULT_MAX_BYTES if max_bytes is None else int(max_bytes)
         self._locks = self.root / ".locks"
         self._private: set[Path] = set()
+        # one lock object per stripe: a thread holding two keys of one stripe re-enters it
+        # (filelock counts per thread), other threads and processes wait for it
+        self._stripes: dict[int, FileLock] = {}
+        self._stripes_guard = threading.Lock()
 
     def describe(self) -> str:
         return f"file://{self.root}"
@@ -82,11 +89,14 @@ class FileKVStore(KVStore):
     @contextmanager
     def exclusive(self, key: EntryKey, wait_s: float = 300.0) -> Iterator[None]:
         with self._local_lock(key, wait_s):
-            stripe = int(key.digest[:8], 16) % _LOCK_STRIPES
+            stripe = int(key.digest[:2], 16) % _LOCK_STRIPES
             lock: FileLock | None = None
             try:
                 self._ensure_dirs()
-                lock = self._lock(f"entry-{stripe:03d}.lock")
+                with self._stripes_guard:
+                    lock = self._stripes.get(stripe)
+                    if lock is None:
+                        lock = self._stripes[stripe] = self._lock(f"entry-{stripe:03d}.lock")
                 lock.acquire(timeout=wait_s)
             except (Timeout, OSError) as exc:
                 logger.warning("file cache: no entry lock (%s); computing without it", exc)

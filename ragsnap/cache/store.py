@@ -16,8 +16,8 @@ import logging
 import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,6 +136,15 @@ class KVStore(ABC):
         """Hold the computation of ``key``: one holder per key in this process (and across
         processes where the backend can lock). Waits at most ``wait_s``, then proceeds anyway."""
         with self._local_lock(key, wait_s):
+            yield
+
+    @contextmanager
+    def exclusive_many(self, keys: Iterable[EntryKey], wait_s: float = 300.0) -> Iterator[None]:
+        """Hold several keys at once (each key once), taken in digest order: two holders of
+        overlapping sets, in this process or another, never wait on each other forever."""
+        with ExitStack() as held:
+            for key in sorted(set(keys), key=lambda k: (k.digest, k.namespace, k.kind)):
+                held.enter_context(self.exclusive(key, wait_s))
             yield
 
     @contextmanager
