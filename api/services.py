@@ -98,6 +98,15 @@ def start_services(
     store = engine.store
     if store is not None:
         metrics.track_rejections(lambda: dict(store.rejections))
+    tiers = engine.tiers
+    if settings.reserve_prefix_tokens and tiers is not None and tiers.prefix_cache:
+        reserved = engine.runtime.reserve_tails(settings.max_batch, settings.reserve_prefix_tokens)
+        logger.info(
+            "reserved %.0f MiB for %d prefix hits of up to %d tokens",
+            reserved / 2**20,
+            settings.max_batch,
+            settings.reserve_prefix_tokens,
+        )
     worker = EngineWorker(
         engine,
         settings.max_queue,

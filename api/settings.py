@@ -58,6 +58,14 @@ class Settings(BaseSettings):
         description="MiB of document prefixes kept in this process's memory in front of the "
         "store (a new question over documents just seen skips the store read); 0 = off",
     )
+    reserve_prefix_tokens: int = Field(
+        default=3072,
+        ge=0,
+        le=1 << 20,
+        description="batch memory reserved at start for new questions over cached documents: "
+        "max_batch prompts of this many tokens (fresh memory is slow to touch on first use); "
+        "0 = allocate on first use",
+    )
     default_press: str = Field(
         default="ragsnap-lookahead",
         description="press of the requests that name none; `ragsnap` drafts no answer tokens "

@@ -77,3 +77,28 @@ def test_prompts_prefill_on_every_core_unless_told(monkeypatch):
         with TestClient(create_app(settings, engine=engine)) as client:
             assert client.get("/readyz").status_code == 200
             assert client.app.state.services.worker.scheduler.prefill_threads == expected
+
+
+def test_a_server_with_a_prefix_tier_reserves_its_batch_memory_at_start(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from ragsnap.api.app import create_app
+    from ragsnap.api.settings import Settings
+    from ragsnap.cache import open_store
+    from ragsnap.cli.serve import settings_from_args
+    from ragsnap.engine import RagSnapEngine
+    from tests.tiny_models import tiny_engine
+
+    args = build_parser().parse_args(["serve", "--prefix-memory-mb", "64"])
+    assert settings_from_args(args).prefix_memory_mb == 64
+    loaded = tiny_engine("llama").loaded
+    for tokens, store in ((96, f"file://{tmp_path}"), (0, f"file://{tmp_path}"), (96, "none")):
+        engine = RagSnapEngine(loaded, store=open_store(store))
+        settings = Settings(max_batch=3, reserve_prefix_tokens=tokens)
+        with TestClient(create_app(settings, engine=engine)) as client:
+            assert client.get("/readyz").status_code == 200
+        scratch = engine.runtime._tail_scratch
+        if tokens and store != "none":
+            assert scratch and all(k.shape[0] == 3 and k.shape[2] == 96 for k, _ in scratch)
+        else:  # nothing reserved: caching off, or told not to
+            assert scratch == []

@@ -104,7 +104,9 @@ def test_holding_several_keys_of_one_lock_stripe_does_not_wait_on_itself(tmp_pat
     import time
 
     store = FileKVStore(tmp_path)
-    same_stripe = [EntryKey("default", "kv", ("abcdef01" + uuid.uuid4().hex * 2)[:64]) for _ in range(3)]
+    same_stripe = [
+        EntryKey("default", "kv", ("abcdef01" + uuid.uuid4().hex * 2)[:64]) for _ in range(3)
+    ]
     started = time.monotonic()
     with store.exclusive_many([*same_stripe, same_stripe[0]], wait_s=30):
         held = time.monotonic() - started

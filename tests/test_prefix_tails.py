@@ -99,3 +99,29 @@ def test_a_batch_built_from_rows_holds_each_row_and_its_spare_room() -> None:
             assert torch.equal(k, rows[r][0][0]) and torch.equal(v, rows[r][0][1])
     with pytest.raises(ValueError, match="2 layers"):
         BatchedKV.of_rows([None, None], [rows[0][:1]], [3])
+
+
+def test_reserved_batch_memory_is_what_the_next_batches_use() -> None:
+    engine = tiny_engine("llama")
+    engine.runtime.stop_ids = {1}
+    want = serial_and_batched(engine)[1]  # memory allocated on first use
+    fresh = tiny_engine("llama")
+    fresh.runtime.stop_ids = {1}
+    config = fresh.runtime.model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    reserved = fresh.runtime.reserve_tails(len(CASES), 200)
+    scratch = list(fresh.runtime._tail_scratch)
+    assert len(scratch) == config.num_hidden_layers
+    assert all(k.shape == (4, config.num_key_value_heads, 200, head_dim) for k, _ in scratch)
+    assert reserved == sum(k.nbytes + v.nbytes for k, v in scratch)
+    got = serial_and_batched(fresh)[1]
+    # the batch lived in the reserved memory (nothing was reallocated), with the same results
+    assert all(
+        a[0] is b[0] and a[1] is b[1]
+        for a, b in zip(fresh.runtime._tail_scratch, scratch, strict=True)
+    )
+    for a, b in zip(want, got, strict=True):
+        assert torch.equal(a.next_logits, b.next_logits) and a.draft == b.draft
+        for (k, v), (k2, v2) in zip(a.layers, b.layers, strict=True):
+            assert torch.equal(k, k2) and torch.equal(v, v2)
+    assert fresh.runtime.reserve_tails(0, 200) == 0

@@ -108,6 +108,26 @@ class ModelRuntime:
             self.model, self.cache_kwarg, filled, self.stop_ids, self._tail_scratch
         )
 
+    def reserve_tails(self, rows: int, tokens: int) -> int:
+        """Allocate and touch the batch memory :meth:`prefill_tails` reuses, for ``rows``
+        prompts of up to ``tokens`` tokens (drafted tokens included); returns its bytes.
+
+        The first use of fresh memory costs more than the copies made into it (on a 2-core
+        VM, finishing 8 prefix hits of 2.3K tokens spent 3.5 s filling new pages and 0.4 s
+        once they were reused), so a server pays it at start rather than on a request.
+        """
+        if rows < 1 or tokens < 1:
+            return 0
+        shapes = self.prefill_full([0])  # one token gives every layer's KV heads and width
+        self._tail_scratch[:] = [
+            (
+                k.new_zeros((rows, k.shape[1], tokens, k.shape[3])),
+                v.new_zeros((rows, v.shape[1], tokens, v.shape[3])),
+            )
+            for k, v in shapes
+        ]
+        return sum(k.nbytes + v.nbytes for k, v in self._tail_scratch)
+
     def prefill_many(
         self,
         input_ids: Sequence[int],
