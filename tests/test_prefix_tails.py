@@ -125,3 +125,5 @@ def test_reserved_batch_memory_is_what_the_next_batches_use() -> None:
         for (k, v), (k2, v2) in zip(a.layers, b.layers, strict=True):
             assert torch.equal(k, k2) and torch.equal(v, v2)
     assert fresh.runtime.reserve_tails(0, 200) == 0
+    assert fresh.runtime.reserve_tails(2, 100) == reserved  # smaller: the memory stays
+    assert all(a[0] is b[0] for a, b in zip(fresh.runtime._tail_scratch, scratch, strict=True))

@@ -115,9 +115,13 @@ class ModelRuntime:
         The first use of fresh memory costs more than the copies made into it (on a 2-core
         VM, finishing 8 prefix hits of 2.3K tokens spent 3.5 s filling new pages and 0.4 s
         once they were reused), so a server pays it at start rather than on a request.
+        Memory already reserved for at least as much is kept.
         """
         if rows < 1 or tokens < 1:
             return 0
+        held = self._tail_scratch
+        if held and all(k.shape[0] >= rows and k.shape[2] >= tokens for k, _ in held):
+            return sum(k.nbytes + v.nbytes for k, v in held)  # already there
         shapes = self.prefill_full([0])  # one token gives every layer's KV heads and width
         self._tail_scratch[:] = [
             (
