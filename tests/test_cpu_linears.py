@@ -131,51 +131,49 @@ def test_column_major_keeps_values():
     )
 
 
-def test_a_torch_without_fbgemm_keeps_float32_linears_dense(monkeypatch):
+@pytest.mark.parametrize(
+    ("namespace", "op", "message", "probe", "dtype", "layer"),
+    [
+        (  # a torch build whose quantized engine lacks fbgemm
+            "quantized",
+            "linear_prepack_fp16",
+            "Didn't find engine for operation quantized::linear_prepack_fp16",
+            "can_pack_half",
+            torch.float32,
+            HalfWeightLinear,
+        ),
+        (  # what oneDNN says on an AVX2-only CPU
+            "mkldnn",
+            "_reorder_linear_weight",
+            "bf16 path needs the cpu support avx512bw, avx512vl and avx512dq",
+            "can_pack",
+            torch.bfloat16,
+            PackedLinear,
+        ),
+    ],
+)
+def test_a_build_or_cpu_that_refuses_to_pack_keeps_its_linears_dense(
+    monkeypatch, namespace, op, message, probe, dtype, layer
+):
     import ragsnap.cpu_linears as cpu_linears
 
-    real = torch.ops.quantized
+    real = getattr(torch.ops, namespace)
 
-    class Refusing:  # what a build whose quantized engine lacks fbgemm says
+    class Refusing:
         def __getattr__(self, name):
             return getattr(real, name)
 
-        @staticmethod
-        def linear_prepack_fp16(weight, bias):
-            raise RuntimeError("Didn't find engine for operation quantized::linear_prepack_fp16")
+    def refuse(*args):
+        raise RuntimeError(message)
 
-    monkeypatch.setattr(cpu_linears.torch.ops, "quantized", Refusing())
-    cpu_linears.can_pack_half.cache_clear()
+    setattr(Refusing, op, staticmethod(refuse))
+    monkeypatch.setattr(cpu_linears.torch.ops, namespace, Refusing())
+    getattr(cpu_linears, probe).cache_clear()
     try:
-        model = tiny_model("llama").eval()
-        assert not cpu_linears.can_pack_half()
+        model = tiny_model("llama").to(dtype).eval()
+        assert not getattr(cpu_linears, probe)()
         assert pack_linears(model) == 0
-        assert all(type(m) is not HalfWeightLinear for m in model.modules())
+        assert not any(isinstance(m, layer) for m in model.modules())
     finally:
         monkeypatch.undo()
-        cpu_linears.can_pack_half.cache_clear()
-
-
-def test_a_cpu_that_refuses_the_bfloat16_reorder_keeps_its_linears_dense(monkeypatch):
-    real = torch.ops.mkldnn
-
-    class Refusing:  # what oneDNN says on an AVX2-only CPU
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        @staticmethod
-        def _reorder_linear_weight(weight, batch):
-            raise RuntimeError("bf16 path needs the cpu support avx512bw, avx512vl and avx512dq")
-
-    import ragsnap.cpu_linears as cpu_linears
-
-    monkeypatch.setattr(cpu_linears.torch.ops, "mkldnn", Refusing())
-    cpu_linears.can_pack.cache_clear()
-    try:
-        model = tiny_model("llama").to(torch.bfloat16).eval()
-        assert not cpu_linears.can_pack()
-        assert pack_linears(model) == 0
-        assert not any(isinstance(m, PackedLinear) for m in model.modules())
-    finally:
-        monkeypatch.undo()
-        cpu_linears.can_pack.cache_clear()
+        getattr(cpu_linears, probe).cache_clear()
