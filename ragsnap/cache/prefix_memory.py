@@ -38,8 +38,6 @@ class PrefixMemory:
         self._entries: OrderedDict[Hashable, Layers] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -51,11 +49,8 @@ class PrefixMemory:
     def get(self, key: Hashable) -> Layers | None:
         with self._lock:
             layers = self._entries.get(key)
-            if layers is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
+            if layers is not None:
+                self._entries.move_to_end(key)
             return layers
 
     def put(self, key: Hashable, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> bool:
@@ -74,9 +69,3 @@ class PrefixMemory:
             self._entries[key] = list(layers)
             self._bytes += size
         return True
-
-    def discard(self, key: Hashable) -> None:
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= layers_nbytes(old)
