@@ -369,13 +369,24 @@ class RagSnapEngine:
             marked = insert_markers(answer, spans, per_sentence)
         return citations, marked, time.perf_counter() - started
 
-    def finish(
-        self, prepared: PreparedAnswer, row: DecodeRow, ttft_s: float | None
-    ) -> tuple[CitationsEvent, DoneEvent]:
-        """Citations and the final event of a decoded answer; stores the prefix entry."""
-        layout, prefill, report = prepared.layout, prepared.prefill, prepared.report
+    def store_prefix(self, prepared: PreparedAnswer) -> None:
+        """Write the document-prefix entry a miss left for after its answer (if any)."""
         if self.tiers is not None:
-            self.tiers.finish(report)  # the document-prefix entry, after the last token
+            self.tiers.finish(prepared.report)
+
+    def finish(
+        self,
+        prepared: PreparedAnswer,
+        row: DecodeRow,
+        ttft_s: float | None,
+        *,
+        store_prefix: bool = True,
+    ) -> tuple[CitationsEvent, DoneEvent]:
+        """Citations and the final event of a decoded answer; first stores the prefix entry
+        unless ``store_prefix`` is False (the caller then calls :meth:`store_prefix`)."""
+        layout, prefill, report = prepared.layout, prepared.prefill, prepared.report
+        if store_prefix:
+            self.store_prefix(prepared)  # after the last token
         answer = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
         citations, marked, cite_s = self.cite(prepared, row.tokens, prepared.question)
         stats = AnswerStats(

@@ -11,8 +11,12 @@ drafted token; the running rows wait for them). A request that finishes or is ca
 leaves at the next step; a new one joins at the next step. ``max_batch=1`` is the serial behaviour: one
 request at a time, start to finish.
 
-What follows an answer's last token (attribution of its citations, its stats, storing the
-document-prefix entry) runs on a second thread, so the other rows do not wait for it.
+What follows an answer's last token (attribution of its citations, its stats) runs on a
+second thread, so the other rows do not wait for it. The document-prefix entry a miss leaves
+(the full KV of its documents, ~100 MB for 2K tokens in float32) is written on a third, after
+the answer's close and while no prompt prefills (at most ``STORE_DEFER_S`` later): on two
+cores, serializing and writing it during a prefill slowed that prefill by a quarter. The
+in-process prefix memory serves new questions over those documents meanwhile.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ logger = logging.getLogger(__name__)
 
 # prefill chunk while no row decodes: no stream's token gap to protect
 IDLE_CHUNK = 1024
+# longest wait of a document-prefix write for a moment without prefill
+STORE_DEFER_S = 30.0
 
 
 class Cancelled(Exception):
@@ -120,6 +126,9 @@ class Scheduler:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._finisher: ThreadPoolExecutor | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._no_prefill = threading.Event()  # set while no prompt is looked up or prefilled
+        self._no_prefill.set()
         self.prefilling: list[Request] = []  # being looked up, prefilled or finished
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -127,6 +136,7 @@ class Scheduler:
     def start(self) -> None:
         self._stopping = False
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragsnap-finish")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragsnap-store")
         self._thread = threading.Thread(target=self._run, name="ragsnap-scheduler", daemon=True)
         self._thread.start()
 
@@ -142,6 +152,10 @@ class Scheduler:
         if self._finisher is not None:  # answers already decoded still get their last events
             self._finisher.shutdown(wait=True)
             self._finisher = None
+        if self._writer is not None:  # and their prefix entries are written
+            self._no_prefill.set()
+            self._writer.shutdown(wait=True)
+            self._writer = None
         return waiting
 
     @property
@@ -195,6 +209,7 @@ class Scheduler:
         else prefills here, the running rows decoding between its chunks."""
         request.started()
         self.prefilling = [request]
+        self._no_prefill.clear()
         try:
             found = self._lookup(request)
             if found is None:
@@ -207,6 +222,7 @@ class Scheduler:
                 self._finish_prefix_hits([(request, found), *self._more_prefix_hits()])
         finally:
             self.prefilling = []
+            self._no_prefill.set()
 
     def _lookup(self, request: Request) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
         """The engine's lookup of ``request``; None when it was cancelled or failed."""
@@ -363,11 +379,22 @@ class Scheduler:
     def _finish(self, running: _Running) -> None:
         """The citations and final events of a decoded answer, then the request's close."""
         request = running.request
+        prepared = running.prepared
         try:
-            citations, done = self.engine.finish(running.prepared, running.row, running.ttft_s)
+            citations, done = self.engine.finish(
+                prepared, running.row, running.ttft_s, store_prefix=self._writer is None
+            )
             request.emit(citations)
             request.emit(done)
         except Exception as exc:
             request.fail(exc)
             return
         request.close("ok")
+        if self._writer is not None and prepared.report.pending:
+            self._writer.submit(self._store_prefix, prepared)
+
+    def _store_prefix(self, prepared: PreparedAnswer) -> None:
+        """Write ``prepared``'s document-prefix entry once no prompt prefills (or at the latest
+        ``STORE_DEFER_S`` from now); store errors are logged by the tiers, never raised."""
+        self._no_prefill.wait(STORE_DEFER_S)
+        self.engine.store_prefix(prepared)

@@ -208,10 +208,10 @@ def test_an_answer_being_finished_does_not_hold_up_the_other_rows(engine_tiny, m
     release = threading.Event()
     real = engine_tiny.finish
 
-    def finish(prepared, row, ttft_s):
+    def finish(prepared, row, ttft_s, **kwargs):
         if prepared.question == short.question:  # the short answer's attribution "takes long"
             assert release.wait(60)
-        return real(prepared, row, ttft_s)
+        return real(prepared, row, ttft_s, **kwargs)
 
     monkeypatch.setattr(engine_tiny, "finish", finish)
     scheduler = Scheduler(engine_tiny, max_batch=8, step_tokens=48, idle_chunk=32)
@@ -229,6 +229,51 @@ def test_an_answer_being_finished_does_not_hold_up_the_other_rows(engine_tiny, m
         assert r.closed.wait(60) and r.outcome == "ok"
         assert isinstance(r.events[-1], DoneEvent)
     scheduler.stop()
+
+
+def test_a_miss_stores_its_document_prefix_after_its_answer_and_outside_prefills(
+    engine_tiny, tmp_path, monkeypatch
+) -> None:
+    from ragsnap.cache import open_store
+    from ragsnap.engine import RagSnapEngine
+
+    engine = RagSnapEngine(engine_tiny.loaded, store=open_store(f"file://{tmp_path}"))
+    engine.stop_ids.clear()
+    first, second = requests_for_tiny_engine()[:2]
+    second.documents = [Document(id="long", title="t4", text=words(11, 400))]
+    blocked, release = threading.Event(), threading.Event()
+    scheduler = Scheduler(engine, max_batch=8, step_tokens=8, idle_chunk=32)
+    real = engine.prepare
+
+    def prepare(question, documents, options, namespace, on_chunk=None, layout=None):
+        def chunk():  # the first answer decodes between the second prompt's chunks
+            on_chunk()
+            if not scheduler._running and not blocked.is_set() and first.closed.wait(30):
+                blocked.set()  # ... and its close comes while the second prompt still prefills
+                assert release.wait(60)
+
+        hold = chunk if question == second.question else on_chunk
+        return real(question, documents, options, namespace, on_chunk=hold, layout=layout)
+
+    def entries() -> int:
+        return sum(1 for _ in tmp_path.rglob("*.kv"))
+
+    monkeypatch.setattr(engine, "prepare", prepare)
+    scheduler.start()
+    scheduler.submit(first)
+    scheduler.submit(second)
+    assert blocked.wait(60) and first.outcome == "ok"
+    time.sleep(0.5)
+    assert entries() == 1  # the first answer's compressed entry; its prefix waits
+    release.set()
+    assert second.closed.wait(60) and second.outcome == "ok"
+    deadline = time.monotonic() + 30
+    while entries() < 3:  # the first prefix is written once the prefill is over
+        assert time.monotonic() < deadline, "the first answer's prefix entry was never written"
+        time.sleep(0.05)
+    scheduler.stop()  # and the second's by the time the scheduler has stopped
+    assert entries() == 4
+    assert first.done.stats.cache == second.done.stats.cache == "miss"
 
 
 def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
