@@ -21,6 +21,7 @@ from ragsnap.compression.hooks import query_capture
 from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_nbytes, derive_cache
+from ragsnap.runtime.reserved_cache import reserved
 
 
 def _sync(device: torch.device) -> None:
@@ -179,30 +180,31 @@ def prefill(
     draft: list[int] = []
     _sync(device)
     started = time.perf_counter()
-    for begin, end in zip(starts, starts[1:], strict=False):
-        forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
-        if on_chunk is not None:
-            on_chunk()
-    hooks = compression_hooks(
-        model,
-        press_list,
-        apply=single,
-        word_starts=word_starts,
-        roles=roles,
-        focus=focus,
-        deferred=bool(ahead),
-        keep_rows=None if every_query else window,
-    )
-    with hooks as recorder:
-        recorder.armed = True
-        logits = forward_chunk(model, cache_kwarg, input_ids[starts[-1] :], cache, starts[-1])
-        recorder.armed = False
-        if ahead:
-            drafted, draft = draft_queries(
-                model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids
-            )
-            cache.crop(len(input_ids) - cache.get_seq_length())
-            recorder.compress_pending(cache, drafted or None)
+    with reserved(cache, len(input_ids) + ahead):
+        for begin, end in zip(starts, starts[1:], strict=False):
+            forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+            if on_chunk is not None:
+                on_chunk()
+        hooks = compression_hooks(
+            model,
+            press_list,
+            apply=single,
+            word_starts=word_starts,
+            roles=roles,
+            focus=focus,
+            deferred=bool(ahead),
+            keep_rows=None if every_query else window,
+        )
+        with hooks as recorder:
+            recorder.armed = True
+            logits = forward_chunk(model, cache_kwarg, input_ids[starts[-1] :], cache, starts[-1])
+            recorder.armed = False
+            if ahead:
+                drafted, draft = draft_queries(
+                    model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids
+                )
+                cache.crop(len(input_ids) - cache.get_seq_length())
+                recorder.compress_pending(cache, drafted or None)
     _sync(device)
     prefill_s = time.perf_counter() - started
     results = []
@@ -239,8 +241,9 @@ def prefill_full(
     """Full KV of ``input_ids`` into ``cache`` (no press), chunked; last logits ``[1, V]``."""
     starts = chunk_starts(0, len(input_ids), chunk, 1)
     logits = torch.empty(0)
-    for i, (begin, end) in enumerate(zip(starts, [*starts[1:], len(input_ids)], strict=True)):
-        logits = forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
-        if on_chunk is not None and i + 1 < len(starts):
-            on_chunk()
+    with reserved(cache, len(input_ids)):
+        for i, (begin, end) in enumerate(zip(starts, [*starts[1:], len(input_ids)], strict=True)):
+            logits = forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+            if on_chunk is not None and i + 1 < len(starts):
+                on_chunk()
     return logits
