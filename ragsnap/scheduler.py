@@ -14,7 +14,7 @@ request at a time, start to finish.
 What follows an answer's last token (attribution of its citations, its stats) runs on a
 second thread, so the other rows do not wait for it. The document-prefix entry a miss leaves
 (the full KV of its documents, ~100 MB for 2K tokens in float32) is written on a third, after
-the answer's close and while no prompt prefills (at most ``STORE_DEFER_S`` later): on two
+the answer's close, once no prompt prefills or waits (at most ``STORE_DEFER_S`` later): on two
 cores, serializing and writing it during a prefill slowed that prefill by a quarter. The
 in-process prefix memory serves new questions over those documents meanwhile.
 """
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 # prefill chunk while no row decodes: no stream's token gap to protect
 IDLE_CHUNK = 1024
 # longest wait of a document-prefix write for a moment without prefill
-STORE_DEFER_S = 30.0
+STORE_DEFER_S = 60.0
 
 
 class Cancelled(Exception):
@@ -127,7 +127,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._finisher: ThreadPoolExecutor | None = None
         self._writer: ThreadPoolExecutor | None = None
-        self._no_prefill = threading.Event()  # set while no prompt is looked up or prefilled
+        # set while no prompt is looked up or prefilled and none waits for it
+        self._no_prefill = threading.Event()
         self._no_prefill.set()
         self.prefilling: list[Request] = []  # being looked up, prefilled or finished
 
@@ -165,6 +166,7 @@ class Scheduler:
     def submit(self, request: Request) -> None:
         with self._changed:
             self._waiting.append(request)
+            self._no_prefill.clear()
             self._changed.notify()
 
     def waiting(self) -> list[Request]:
@@ -183,6 +185,8 @@ class Scheduler:
             while not self._stopping:
                 while self._waiting and self._waiting[0].is_cancelled():
                     self._waiting.popleft().close("cancelled")
+                if not self._waiting and not self.prefilling:
+                    self._no_prefill.set()
                 if self._waiting and len(self._running) < self.max_batch:
                     return self._waiting.popleft()
                 if self._running:
@@ -222,7 +226,9 @@ class Scheduler:
                 self._finish_prefix_hits([(request, found), *self._more_prefix_hits()])
         finally:
             self.prefilling = []
-            self._no_prefill.set()
+            with self._changed:
+                if not self._waiting:
+                    self._no_prefill.set()
 
     def _lookup(self, request: Request) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
         """The engine's lookup of ``request``; None when it was cancelled or failed."""
