@@ -82,6 +82,7 @@ def load_engine(settings: Settings) -> RagSnapEngine:
         prefix_memory_bytes=settings.prefix_memory_mb << 20,
         speculate=settings.speculate,
         speculate_ngrams=settings.speculate_ngrams,
+        commit_lookahead=settings.commit_lookahead,
     )
 
 

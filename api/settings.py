@@ -124,6 +124,12 @@ class Settings(BaseSettings):
         description="also draft by prompt n-grams (paid off only where a pass over a few "
         "more tokens costs little: bench speculate)",
     )
+    commit_lookahead: bool = Field(
+        default=True,
+        description="greedy answers start with the tokens the lookahead press drafted on the "
+        "full cache, fed once and kept unchecked (false: every token is decoded on the "
+        "compressed cache)",
+    )
 
     # the worker queue
     max_queue: int = Field(default=8, ge=1, description="requests allowed to wait for the worker")

@@ -140,6 +140,7 @@ class RagSnapEngine:
         prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
         speculate: int = 0,
         speculate_ngrams: bool = False,
+        commit_lookahead: bool = False,
     ) -> None:
         """``store`` keeps compressed prompt caches (None or a ``none`` store: caching off);
         ``prefix_cache`` also keeps the full KV of document prefixes for new questions;
@@ -154,10 +155,17 @@ class RagSnapEngine:
         ``speculate`` lets a greedy answer feed up to that many drafted tokens per decode
         step (0: off here; ``ragsnap serve`` and ``ask`` use 8; the answers stay those of
         plain greedy decoding): those a lookahead press drafted and, with
-        ``speculate_ngrams``, prompt n-grams."""
+        ``speculate_ngrams``, prompt n-grams;
+        ``commit_lookahead`` makes a greedy answer (without marker control or decode
+        compression) start with the tokens a lookahead press drafted on the full cache,
+        fed once and kept unchecked (off here; ``ragsnap serve`` turns it on)."""
         self.loaded = loaded
         self.runtime = ModelRuntime(
-            loaded, chunk=prefill_chunk, speculate=speculate, ngrams=speculate_ngrams
+            loaded,
+            chunk=prefill_chunk,
+            speculate=speculate,
+            ngrams=speculate_ngrams,
+            commit_drafts=commit_lookahead,
         )
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -195,6 +203,7 @@ class RagSnapEngine:
         prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
         speculate: int = 0,
         speculate_ngrams: bool = False,
+        commit_lookahead: bool = False,
         **kwargs: Any,
     ) -> RagSnapEngine:
         """Load ``model`` (see :func:`load_model` for ``kwargs``) and build an engine on it."""
@@ -209,6 +218,7 @@ class RagSnapEngine:
             prefix_memory_bytes=prefix_memory_bytes,
             speculate=speculate,
             speculate_ngrams=speculate_ngrams,
+            commit_lookahead=commit_lookahead,
         )
 
     def build_prompt(

@@ -181,3 +181,41 @@ def test_metrics_count_the_drafted_tokens_fed_and_kept() -> None:
     text = metrics.render().decode()
     assert 'ragsnap_decode_draft_tokens_total{outcome="proposed"} 8.0' in text
     assert 'ragsnap_decode_draft_tokens_total{outcome="kept"} 6.0' in text
+
+
+def test_a_committed_lookahead_draft_opens_the_answer_in_one_pass_unchecked() -> None:
+    engine = tiny_engine("llama")
+    prompt = random_prompt(60, seed=2)
+    # a budget above the prompt's length: the compressed cache is the full one
+    prefill = engine.runtime.prefill(
+        prompt, LookaheadPress(SnapKVPress(budget=64, window=8), tokens=6)
+    )
+    generation = GenerationConfig(max_new_tokens=10)
+    (plain,), plain_steps = decode(engine.runtime, [(prefill, generation)], [prompt])
+    engine.runtime.commit_drafts = True
+    try:
+        (row,), steps = decode(engine.runtime, [(prefill, generation)], [prompt])
+        assert row.tokens == plain.tokens and steps == plain_steps - 5
+        # a draft plain decoding would not give is kept all the same, by every row of a
+        # batch larger than the pass budget allows drafts for, each in one pass
+        wrong = [plain.tokens[0], *(t + 1 for t in plain.tokens[1:6])]
+        rows = DRAFT_PASS_TOKENS
+        batch = engine.runtime.decode_batch(set())
+        added = [batch.add(i, replace(prefill, draft=wrong), generation) for i in range(rows)]
+        outputs = batch.step()
+        assert all(row.tokens == wrong for row in added) and len(outputs) == 6 * rows
+        # rows that sample or constrain their logits decode every token themselves
+        sampled = GenerationConfig(max_new_tokens=10, temperature=0.8, seed=1)
+        batch = engine.runtime.decode_batch(set())
+        kept = replace(prefill, draft=wrong)
+        sampling = batch.add(0, kept, sampled)
+        constrained = batch.add(1, kept, generation, logits_processor=lambda _t, logits: logits)
+        batch.step()
+        assert len(sampling.tokens) == 1 and constrained.tokens == plain.tokens[:1]
+        # a stop rule met inside the committed draft ends the row there
+        batch = engine.runtime.decode_batch(set())
+        stopped = batch.add(0, kept, generation, lambda tokens: len(tokens) >= 3)
+        batch.step()
+        assert stopped.tokens == wrong[:3] and stopped.finish_reason == "stop"
+    finally:
+        engine.runtime.commit_drafts = False

@@ -62,6 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         f"{DEFAULT_SPECULATE}; 0: off)",
     )
     parser.add_argument(
+        "--commit-lookahead",
+        action=argparse.BooleanOptionalAction,
+        help="greedy answers start with the tokens the lookahead press drafted on the full "
+        "cache, kept unchecked (default on)",
+    )
+    parser.add_argument(
         "--speculate-ngrams",
         action="store_const",
         const=True,
@@ -109,6 +115,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
         "prefix_memory_mb": args.prefix_memory_mb,
         "speculate": args.speculate,
         "speculate_ngrams": args.speculate_ngrams,
+        "commit_lookahead": args.commit_lookahead,
     }
     return {k: v for k, v in given.items() if v is not None}
 

@@ -11,6 +11,12 @@ with ``ngrams`` prompt n-grams) after its next token, and keeps those its own lo
 confirm: one step may then give a row several tokens, the same ones plain greedy decoding
 gives (up to float noise). A pass over more tokens costs more, and every row of the pass
 is padded to the longest, so a pass feeds at most ``DRAFT_PASS_TOKENS`` tokens in all.
+
+With ``commit_drafts``, a greedy row whose prefill drafted tokens on the full cache (the
+lookahead press) takes them as its answer's first tokens instead of checking them: its
+first pass feeds them all on the compressed cache, whatever the pass budget, and keeps
+them. The answer then starts exactly as greedy decoding on the full cache does and goes on
+from the compressed cache; rows with a logits processor or decode compression never commit.
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ class DecodeRow:
     drafts: Drafts | None = None
     proposed: int = 0
     accepted: int = 0
+    # the full-cache draft this row takes as its first tokens (commit_drafts); [] once fed
+    commit: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -93,12 +101,14 @@ class DecodeBatch:
         stop_ids: set[int],
         speculate: int = 0,
         ngrams: bool = False,
+        commit_drafts: bool = False,
     ):
         self.model = model
         self.cache_kwarg = cache_kwarg
         self.stop_ids = stop_ids
         self.speculate = speculate
         self.ngrams = ngrams
+        self.commit_drafts = commit_drafts
         self.kv = BatchedKV(windows)
         self.rows: list[DecodeRow] = []
         self._cancelled: set[Hashable] = set()
@@ -142,6 +152,13 @@ class DecodeBatch:
             row.votes = DecodeVotes(decode_compression, targets)
         elif self.speculate and generation.greedy and (prefill.draft or self.ngrams):
             row.drafts = Drafts(context, self.stop_ids, prefill.draft, ngrams=self.ngrams)
+        if (
+            self.commit_drafts
+            and generation.greedy
+            and logits_processor is None
+            and decode_compression is None
+        ):
+            row.commit = list(prefill.draft)
         self.kv.add(
             prefill.layers,
             prefill.original_length,
@@ -195,7 +212,11 @@ class DecodeBatch:
             if logits.dim() == 2:
                 row.next_logits = logits[r : r + 1]
                 continue
-            kept = self._verify(row, draft, logits[r], outputs)
+            if row.commit:
+                row.commit = []
+                kept = self._keep(row, draft, outputs)
+            else:
+                kept = self._verify(row, draft, logits[r], outputs)
             row.next_logits = logits[r, kept : kept + 1]
             self.kv.retract(r, len(draft) - kept)
         self._retire()
@@ -228,16 +249,32 @@ class DecodeBatch:
         """Per row, the tokens it feeds after its next one (none for a row that does not
         speculate, and for every row while some row's attention is recorded: one query
         per row then)."""
-        most = min(self.speculate, DRAFT_PASS_TOKENS // len(self.rows) - 1)
-        if most < 1 or any(row.votes is not None for row in self.rows):
+        if any(row.votes is not None for row in self.rows):
+            for row in self.rows:
+                row.commit = []
             return [[] for _ in self.rows]
+        most = min(self.speculate, DRAFT_PASS_TOKENS // len(self.rows) - 1)
         out = []
         for row in self.rows:
             room = row.generation.max_new_tokens - len(row.tokens)
-            draft = row.drafts.draft(min(most, room)) if row.drafts else []
+            if row.commit and row.tokens == row.commit[:1]:  # its first pick agrees
+                out.append(row.commit[1 : 1 + room])
+                continue
+            row.commit = []
+            draft = row.drafts.draft(min(most, room)) if row.drafts and most >= 1 else []
             row.proposed += len(draft)
             out.append(draft)
         return out
+
+    def _keep(self, row: DecodeRow, draft: list[int], outputs: list[StepOutput]) -> int:
+        """Give ``row`` its committed ``draft`` until a stop rule or its length ends it;
+        returns how many tokens it kept."""
+        for j, token in enumerate(draft):
+            self._append(row, token)
+            outputs.append(StepOutput(row.key, token, row.finish_reason))
+            if row.finish_reason is not None:
+                return j + 1
+        return len(draft)
 
     def _verify(
         self, row: DecodeRow, draft: list[int], logits: torch.Tensor, outputs: list[StepOutput]

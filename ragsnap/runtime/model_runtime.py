@@ -29,7 +29,9 @@ class ModelRuntime:
 
     ``chunk`` is the prefill chunk size in tokens (None: one pass per prompt); ``speculate``
     the most drafted tokens a greedy decode row feeds per step (0: none), ``ngrams``
-    whether prompt n-grams draft too (see :mod:`ragsnap.runtime.drafts`).
+    whether prompt n-grams draft too (see :mod:`ragsnap.runtime.drafts`); with
+    ``commit_drafts`` greedy rows take a lookahead press's full-cache draft as their first
+    tokens (:class:`~ragsnap.runtime.decode.DecodeBatch`).
     """
 
     def __init__(
@@ -38,6 +40,7 @@ class ModelRuntime:
         chunk: int | None = None,
         speculate: int = 0,
         ngrams: bool = False,
+        commit_drafts: bool = False,
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
@@ -46,6 +49,7 @@ class ModelRuntime:
         self.chunk = chunk
         self.speculate = speculate
         self.ngrams = ngrams
+        self.commit_drafts = commit_drafts
         self.cache_kwarg = loaded.cache_kwarg
         self.stop_ids = stop_token_ids(self.tokenizer, self.model)
         self.windows = sliding_windows(self.model.config)
@@ -220,7 +224,13 @@ class ModelRuntime:
         the model's own by default; an empty set decodes to the length limit)."""
         stops = self.stop_ids if stop_ids is None else stop_ids
         return DecodeBatch(
-            self.model, self.cache_kwarg, self.windows, stops, self.speculate, self.ngrams
+            self.model,
+            self.cache_kwarg,
+            self.windows,
+            stops,
+            self.speculate,
+            self.ngrams,
+            self.commit_drafts,
         )
 
     def teacher_force(
