@@ -89,15 +89,21 @@ def test_a_sampling_row_never_drafts_and_a_drafting_row_stops_at_its_length() ->
     assert rows[1].proposed == 0 and len(rows[1].tokens) == 5
 
 
-def test_a_lookahead_draft_is_the_first_guess_and_kept_where_the_cache_lost_nothing() -> None:
-    engine = tiny_engine("llama")
+def lossless_lookahead(engine):
+    """A 60-token prompt prefilled with a 6-token lookahead at a budget above its length (the
+    compressed cache is the full one), and its plain greedy decode of 10 tokens."""
     prompt = random_prompt(60, seed=2)
-    # a budget above the prompt's length: the compressed cache is the full one
     prefill = engine.runtime.prefill(
         prompt, LookaheadPress(SnapKVPress(budget=64, window=8), tokens=6)
     )
     generation = GenerationConfig(max_new_tokens=10)
-    (plain,), _ = decode(engine.runtime, [(prefill, generation)], [prompt])
+    (plain,), steps = decode(engine.runtime, [(prefill, generation)], [prompt])
+    return prompt, prefill, generation, plain, steps
+
+
+def test_a_lookahead_draft_is_the_first_guess_and_kept_where_the_cache_lost_nothing() -> None:
+    engine = tiny_engine("llama")
+    prompt, prefill, generation, plain, _ = lossless_lookahead(engine)
     assert len(prefill.draft) == 6 and plain.tokens[:6] == prefill.draft
     engine.runtime.speculate = 8  # no n-grams: the lookahead's tokens alone
     (row,), steps = decode(engine.runtime, [(prefill, generation)], [prompt])
@@ -185,13 +191,7 @@ def test_metrics_count_the_drafted_tokens_fed_and_kept() -> None:
 
 def test_a_committed_lookahead_draft_opens_the_answer_in_one_pass_unchecked() -> None:
     engine = tiny_engine("llama")
-    prompt = random_prompt(60, seed=2)
-    # a budget above the prompt's length: the compressed cache is the full one
-    prefill = engine.runtime.prefill(
-        prompt, LookaheadPress(SnapKVPress(budget=64, window=8), tokens=6)
-    )
-    generation = GenerationConfig(max_new_tokens=10)
-    (plain,), plain_steps = decode(engine.runtime, [(prefill, generation)], [prompt])
+    prompt, prefill, generation, plain, plain_steps = lossless_lookahead(engine)
     engine.runtime.commit_drafts = True
     try:
         (row,), steps = decode(engine.runtime, [(prefill, generation)], [prompt])
