@@ -37,6 +37,11 @@ class ServiceMetrics:
         self.worker_busy = Gauge(
             "ragsnap_worker_busy", "requests the scheduler is prefilling or decoding", registry=r
         )
+        self.store_writes = Gauge(
+            "ragsnap_store_writes_pending",
+            "document-prefix entries of answered requests not yet written to the store",
+            registry=r,
+        )
         self.queue_wait = Histogram(
             "ragsnap_queue_wait_seconds",
             "time from accepted to started",
@@ -127,9 +132,16 @@ class ServiceMetrics:
         each deleted and recomputed) as ``ragsnap_cache_rejected_entries_total{reason}``."""
         self.registry.register(_RejectionCollector(counts))
 
-    def track_queue(self, depth: Callable[[], float], busy: Callable[[], float]) -> None:
+    def track_queue(
+        self,
+        depth: Callable[[], float],
+        busy: Callable[[], float],
+        writes: Callable[[], float] | None = None,
+    ) -> None:
         self.queue_depth.set_function(depth)
         self.worker_busy.set_function(busy)
+        if writes is not None:
+            self.store_writes.set_function(writes)
 
     def observe_answer(self, stats: AnswerStats) -> None:
         """Record the engine statistics of one finished answer (the ``done`` event's stats)."""

@@ -209,7 +209,11 @@ class EngineWorker:
         self.scheduler.stats.on_step = metrics.observe_step
         self._lock = threading.Lock()
         self._mean_job_s = 5.0  # refined by an exponential moving average of real jobs
-        metrics.track_queue(lambda: self.depth, lambda: float(self.scheduler.running))
+        metrics.track_queue(
+            lambda: self.depth,
+            lambda: float(self.scheduler.running),
+            lambda: float(self.scheduler.pending_writes),
+        )
 
     # -- lifecycle -----------------------------------------------------------------
 

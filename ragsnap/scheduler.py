@@ -127,6 +127,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._finisher: ThreadPoolExecutor | None = None
         self._writer: ThreadPoolExecutor | None = None
+        self.pending_writes = 0  # document-prefix entries waiting for the store thread
+        self._writes_lock = threading.Lock()
         # set while no prompt is looked up or prefilled and none waits for it
         self._no_prefill = threading.Event()
         self._no_prefill.set()
@@ -397,10 +399,17 @@ class Scheduler:
             return
         request.close("ok")
         if self._writer is not None and prepared.report.pending:
+            with self._writes_lock:
+                self.pending_writes += 1
             self._writer.submit(self._store_prefix, prepared)
 
     def _store_prefix(self, prepared: PreparedAnswer) -> None:
-        """Write ``prepared``'s document-prefix entry once no prompt prefills (or at the latest
-        ``STORE_DEFER_S`` from now); store errors are logged by the tiers, never raised."""
-        self._no_prefill.wait(STORE_DEFER_S)
-        self.engine.store_prefix(prepared)
+        """Write ``prepared``'s document-prefix entry once no prompt prefills or waits (or at
+        the latest ``STORE_DEFER_S`` from now); store errors are logged by the tiers, never
+        raised."""
+        try:
+            self._no_prefill.wait(STORE_DEFER_S)
+            self.engine.store_prefix(prepared)
+        finally:
+            with self._writes_lock:
+                self.pending_writes -= 1

@@ -298,3 +298,26 @@ def test_vllm_does_not_inherit_this_benchs_thread_settings(monkeypatch) -> None:
     env = vllm_env("0,1", 2)
     assert "OMP_NUM_THREADS" not in env and "MKL_NUM_THREADS" not in env
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0,1" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_each_timed_run_waits_for_ragsnaps_background_writes() -> None:
+    from fastapi.responses import PlainTextResponse
+
+    from ragsnap.api.local_server import running_server
+    from ragsnap.bench.peer import settle
+
+    polls: list[int] = []
+    app = FastAPI()
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        polls.append(1)
+        pending = max(0, 3 - len(polls))  # two writes left, then one, then none
+        return PlainTextResponse(
+            "# HELP ragsnap_worker_busy x\nragsnap_worker_busy 0.0\n"
+            f"# HELP ragsnap_store_writes_pending x\nragsnap_store_writes_pending {pending}.0\n"
+        )
+
+    with running_server(app) as url:
+        settle(url, timeout_s=30)
+        assert len(polls) == 3

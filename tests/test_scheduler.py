@@ -265,6 +265,7 @@ def test_a_miss_stores_its_document_prefix_after_its_answer_and_outside_prefills
     assert blocked.wait(60) and first.outcome == "ok"
     time.sleep(0.5)
     assert entries() == 1  # the first answer's compressed entry; its prefix waits
+    assert scheduler.pending_writes == 1
     release.set()
     assert second.closed.wait(60) and second.outcome == "ok"
     deadline = time.monotonic() + 30
@@ -272,7 +273,7 @@ def test_a_miss_stores_its_document_prefix_after_its_answer_and_outside_prefills
         assert time.monotonic() < deadline, "the first answer's prefix entry was never written"
         time.sleep(0.05)
     scheduler.stop()  # and the second's by the time the scheduler has stopped
-    assert entries() == 4
+    assert entries() == 4 and scheduler.pending_writes == 0
     assert first.done.stats.cache == second.done.stats.cache == "miss"
 
 

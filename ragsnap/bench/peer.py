@@ -23,6 +23,7 @@ import asyncio
 import json
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -276,6 +277,7 @@ def measure(
             outcomes = {}
             entry: dict[str, Any] = {"order": order}
             for name in order:
+                settle(str(urls["ragsnap"]))
                 print(f"peer: c={level} {scenario} {name}", file=sys.stderr, flush=True)
                 outcomes[name], wall = asyncio.run(
                     run_scenario(senders[name], requests, level, args.timeout)
@@ -291,6 +293,25 @@ def measure(
                 ][:2]
             runs[f"c{level}"][scenario] = entry
     return {"runs": runs}
+
+
+def settle(url: str, timeout_s: float = 180.0) -> None:
+    """Wait until the ragsnap server at ``url`` runs no request and has no store write left
+    (its /metrics), so its background work lands in neither server's next timed run."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        values = {
+            name: float(value)
+            for name, value in (line.split()[:2] for line in text.splitlines() if line[:1] != "#")
+            if name in ("ragsnap_worker_busy", "ragsnap_store_writes_pending")
+        }
+        if not any(values.values()):
+            return
+        time.sleep(0.2)
+    print(f"peer: {url} still busy after {timeout_s:.0f} s; measuring anyway", file=sys.stderr)
 
 
 def ragsnap_dtype(args: argparse.Namespace) -> str:
