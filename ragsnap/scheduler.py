@@ -396,8 +396,8 @@ class Scheduler:
             request.emit(done)
         except Exception as exc:
             request.fail(exc)
-            return
-        request.close("ok")
+        else:
+            request.close("ok")
         if self._writer is not None and prepared.report.pending:
             with self._writes_lock:
                 self.pending_writes += 1

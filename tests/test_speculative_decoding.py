@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from ragsnap.compression.decode_snapkv import DecodeSnapKV
 from ragsnap.compression.lookahead import LookaheadPress
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.generation import GenerationConfig
@@ -217,5 +218,14 @@ def test_a_committed_lookahead_draft_opens_the_answer_in_one_pass_unchecked() ->
         stopped = batch.add(0, kept, generation, lambda tokens: len(tokens) >= 3)
         batch.step()
         assert stopped.tokens == wrong[:3] and stopped.finish_reason == "stop"
+        # beside a row that records its attention (one token a step for all), a committing
+        # row takes its draft a token a step: the same answer as in a batch of its own
+        alone, _ = decode(engine.runtime, [(kept, generation)], [prompt])
+        batch = engine.runtime.decode_batch(set())
+        beside = batch.add(0, kept, generation)
+        batch.add(1, prefill, generation, decode_compression=DecodeSnapKV(slack=8, window=4))
+        for _ in batch.run():
+            pass
+        assert beside.tokens == alone[0].tokens and beside.tokens[:6] == wrong
     finally:
         engine.runtime.commit_drafts = False

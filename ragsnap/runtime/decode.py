@@ -14,9 +14,10 @@ is padded to the longest, so a pass feeds at most ``DRAFT_PASS_TOKENS`` tokens i
 
 With ``commit_drafts``, a greedy row whose prefill drafted tokens on the full cache (the
 lookahead press) takes them as its answer's first tokens instead of checking them: its
-first pass feeds them all on the compressed cache, whatever the pass budget, and keeps
-them. The answer then starts exactly as greedy decoding on the full cache does and goes on
-from the compressed cache; rows with a logits processor or decode compression never commit.
+first pass feeds them all on the compressed cache, whatever the pass budget (one a step
+while a row of the batch records its attention), and keeps them. The answer then starts
+exactly as greedy decoding on the full cache does and goes on from the compressed cache;
+rows with a logits processor or decode compression never commit.
 """
 
 from __future__ import annotations
@@ -75,8 +76,13 @@ class DecodeRow:
     drafts: Drafts | None = None
     proposed: int = 0
     accepted: int = 0
-    # the full-cache draft this row takes as its first tokens (commit_drafts); [] once fed
+    # the full-cache draft this row takes as its first tokens (commit_drafts)
     commit: list[int] = field(default_factory=list)
+
+    @property
+    def committing(self) -> bool:
+        """Whether committed tokens are still to come."""
+        return len(self.tokens) < len(self.commit)
 
 
 @dataclass
@@ -181,7 +187,11 @@ class DecodeBatch:
             if row.key in self._cancelled:
                 row.finish_reason = "cancelled"
             else:
-                token = self._choose(row, row.next_logits)
+                token = (
+                    row.commit[len(row.tokens)]
+                    if row.committing
+                    else self._choose(row, row.next_logits)
+                )
                 if token in self.stop_ids:
                     token, row.finish_reason = None, "stop"
                 else:
@@ -191,6 +201,7 @@ class DecodeBatch:
         self._retire()
         if not self.rows:
             return outputs
+        committed = [row.committing for row in self.rows]  # the rest of each is fed now
         drafts = self._drafts()
         started = time.perf_counter()
         voting = [(r, row.votes) for r, row in enumerate(self.rows) if row.votes is not None]
@@ -212,8 +223,7 @@ class DecodeBatch:
             if logits.dim() == 2:
                 row.next_logits = logits[r : r + 1]
                 continue
-            if row.commit:
-                row.commit = []
+            if committed[r]:
                 kept = self._keep(row, draft, outputs)
             else:
                 kept = self._verify(row, draft, logits[r], outputs)
@@ -249,18 +259,16 @@ class DecodeBatch:
         """Per row, the tokens it feeds after its next one (none for a row that does not
         speculate, and for every row while some row's attention is recorded: one query
         per row then)."""
-        if any(row.votes is not None for row in self.rows):
-            for row in self.rows:
-                row.commit = []
-            return [[] for _ in self.rows]
         most = min(self.speculate, DRAFT_PASS_TOKENS // len(self.rows) - 1)
+        if any(row.votes is not None for row in self.rows):
+            return [[] for _ in self.rows]
         out = []
         for row in self.rows:
-            room = row.generation.max_new_tokens - len(row.tokens)
-            if row.commit and row.tokens == row.commit[:1]:  # its first pick agrees
-                out.append(row.commit[1 : 1 + room])
+            done = len(row.tokens)
+            room = row.generation.max_new_tokens - done
+            if row.committing:
+                out.append(row.commit[done : done + room])
                 continue
-            row.commit = []
             draft = row.drafts.draft(min(most, room)) if row.drafts and most >= 1 else []
             row.proposed += len(draft)
             out.append(draft)
