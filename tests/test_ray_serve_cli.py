@@ -27,7 +27,15 @@ def test_serve_ray_starts_a_local_head_and_stops_it(tmp_path):
     command = [sys.executable, "-m", "ragsnap", "serve", "--ray", "--replicas", "1"]
     command += ["--replica-cpus", "0.5", "--model", model, "--device", "cpu"]
     command += ["--cache", "none", "--port", str(port)]
-    server = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as from a terminal, whatever this test process was handed (a parent that
+    # ignores SIGINT passes that on to its children)
+    server = subprocess.Popen(
+        command,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(server.stderr), daemon=True)
     reader.start()
@@ -47,6 +55,13 @@ def test_serve_ray_starts_a_local_head_and_stops_it(tmp_path):
         server.send_signal(signal.SIGINT)
         try:
             server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            reader.join(10)
+            pytest.fail(
+                f"no exit 60 s after SIGINT (SIGINT here: {signal.getsignal(signal.SIGINT)}); "
+                + "".join(lines)[-3000:]
+            )
         finally:
             server.kill()
     reader.join(10)
