@@ -299,16 +299,13 @@ def settle(url: str, timeout_s: float = 180.0) -> None:
     """Wait until the ragsnap server at ``url`` runs no request and has no store write left
     (its /metrics), so its background work lands in neither server's next timed run."""
     import httpx
+    from prometheus_client.parser import text_string_to_metric_families
 
+    watched = {"ragsnap_worker_busy", "ragsnap_store_writes_pending"}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-        values = {
-            name: float(value)
-            for name, value in (line.split()[:2] for line in text.splitlines() if line[:1] != "#")
-            if name in ("ragsnap_worker_busy", "ragsnap_store_writes_pending")
-        }
-        if not any(values.values()):
+        families = text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text)
+        if not any(s.value for f in families for s in f.samples if s.name in watched):
             return
         time.sleep(0.2)
     print(f"peer: {url} still busy after {timeout_s:.0f} s; measuring anyway", file=sys.stderr)
