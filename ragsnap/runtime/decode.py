@@ -35,6 +35,7 @@ from ragsnap.generation import GenerationConfig, TokenSampler
 from ragsnap.runtime.attention import observe_attention
 from ragsnap.runtime.drafts import Drafts
 from ragsnap.runtime.forward import BatchedKV, forward_rows
+from ragsnap.runtime.llama_pass import LlamaPass
 from ragsnap.runtime.prefill import PrefillResult
 
 # spare cache entries a new row reserves per layer; a longer answer grows its buffers
@@ -108,8 +109,10 @@ class DecodeBatch:
         speculate: int = 0,
         ngrams: bool = False,
         commit_drafts: bool = False,
+        lean: LlamaPass | None = None,
     ):
         self.model = model
+        self.lean = lean
         self.cache_kwarg = cache_kwarg
         self.stop_ids = stop_ids
         self.speculate = speculate
@@ -212,6 +215,7 @@ class DecodeBatch:
                 self.kv,
                 [[row.tokens[-1], *draft] for row, draft in zip(self.rows, drafts, strict=True)],
                 last=not any(drafts),
+                lean=None if voting else self.lean,
             )
         self._reselect(voting)
         if logits.is_cuda:

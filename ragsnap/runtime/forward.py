@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ragsnap.runtime.attention import StepMask, step_masks
+from ragsnap.runtime.llama_pass import LlamaPass
 
 Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
@@ -194,42 +195,55 @@ class BatchedKV:
     def masks(self, q_len: int) -> dict[int, StepMask]:
         """Per layer, the additive mask ``[B, Hkv or 1, q, K_l + q]`` of the next pass, where
         ``K_l`` is the longest row of layer ``l``. Row ``r``'s new tokens sit right after its
-        own ``n_r`` entries (columns ``n_r .. n_r + q - 1``); columns past them are padding."""
+        own ``n_r`` entries (columns ``n_r .. n_r + q - 1``); columns past them are padding.
+
+        The causal masks of all layers are one tensor ``[L, B, q, max K_l + q]`` built at
+        once (a few ops per pass, not per layer); a layer's mask is a view of its slice."""
         device = self.keys[0].device
         dtype = self.keys[0].dtype
         new_pos = torch.arange(q_len)
+        lengths = self.lengths.t()  # [L, B]
+        widest = lengths.max(dim=1).values.tolist()  # [L]
+        cols = torch.arange(max(widest) + q_len)
+        # query j of row r sees its row's entries and new tokens up to itself
+        limit = lengths.unsqueeze(2) + new_pos  # [L, B, q]
+        visible = cols.view(1, 1, 1, -1) <= limit.unsqueeze(3)  # [L, B, q, K + q]
+        causal = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+        causal = causal.to(device).unsqueeze(2)  # [L, B, 1, q, K + q]
         out: dict[int, StepMask] = {}
-        for i, window in enumerate(self.windows):
-            lengths = self.lengths[:, i]
-            cols = torch.arange(int(lengths.max()) + q_len)
-            # query j of row r sees its row's entries and new tokens up to itself
-            limit = lengths.unsqueeze(1) + new_pos  # [B, q]
-            visible = cols.view(1, 1, -1) <= limit.unsqueeze(2)  # [B, q, K + q]
+        for i, (window, width, row_lengths) in enumerate(
+            zip(self.windows, widest, lengths.tolist(), strict=True)
+        ):
+            mask = causal[i, :, :, :, : width + q_len]
             if window is not None:
                 # a row's entries end just before its next position, whatever it kept
-                key_pos = (self.positions - lengths).unsqueeze(1) + cols  # [B, K + q]
+                cols_l = cols[: width + q_len]
+                key_pos = (self.positions - lengths[i]).unsqueeze(1) + cols_l  # [B, K + q]
                 query_pos = self.positions.unsqueeze(1) + new_pos  # [B, q]
-                visible &= query_pos.unsqueeze(2) - key_pos.unsqueeze(1) < window
-            mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
-            mask = mask.to(device).unsqueeze(1)  # [B, 1, q, K + q]
+                near = query_pos.unsqueeze(2) - key_pos.unsqueeze(1) < window
+                mask = mask.masked_fill(~near.to(device).unsqueeze(1), float("-inf"))
             bias = self.bias[i]
             if bias is not None:
-                width = mask.shape[-1]
-                mask = mask + bias[:, :, :width].unsqueeze(2)
-            out[i] = StepMask(mask, tuple(int(n) + q_len for n in lengths))
+                mask = mask + bias[:, :, : width + q_len].unsqueeze(2)
+            out[i] = StepMask(mask, tuple(n + q_len for n in row_lengths))
         return out
 
     def model_cache(self, q_len: int) -> Any:
         """A ``DynamicCache`` for a pass of ``q_len`` new tokens per row over the buffers."""
         from transformers import DynamicCache
 
+        self.make_room(q_len)
         cache = DynamicCache()
-        cache.layers = []
-        for i in range(len(self.windows)):
-            width = int(self.lengths[:, i].max())
-            self._grow(i, width + q_len)
-            cache.layers.append(_buffer_layer_class()(self, i, width))
+        cache.layers = [
+            _buffer_layer_class()(self, i, int(self.lengths[:, i].max()))
+            for i in range(len(self.windows))
+        ]
         return cache
+
+    def make_room(self, q_len: int) -> None:
+        """Grow every layer's buffers to hold ``q_len`` more entries after its longest row."""
+        for i, width in enumerate(self.lengths.max(dim=0).values.tolist()):
+            self._grow(i, width + q_len)
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Put the pass's new entries (``[B, Hkv, q, D]``) right after each row's entries."""
@@ -288,14 +302,22 @@ def _buffer_layer_class() -> type:
 
 @torch.inference_mode()
 def forward_rows(
-    model: Any, cache_kwarg: str, batch: BatchedKV, tokens: Sequence[Sequence[int]], *, last: bool
+    model: Any,
+    cache_kwarg: str,
+    batch: BatchedKV,
+    tokens: Sequence[Sequence[int]],
+    *,
+    last: bool,
+    lean: LlamaPass | None = None,
 ) -> torch.Tensor:
     """Feed row ``r`` the tokens ``tokens[r]`` at its own next positions and append them.
 
     Returns the logits of each row's last new token ``[B, V]`` when ``last``, else every
     position's ``[B, q, V]`` (row ``r``'s first ``len(tokens[r])`` are meaningful). Rows
     with fewer tokens are padded; a padded query only sees its own row's keys, so it
-    stays finite, and its entries are not kept.
+    stays finite, and its entries are not kept. With ``lean`` (the model's
+    :class:`~ragsnap.runtime.llama_pass.LlamaPass`) the pass skips transformers' module
+    tree; forward hooks and attention observers then see nothing of it.
     """
     counts = [len(t) for t in tokens]
     if len(counts) != batch.rows or min(counts, default=0) < 1:
@@ -304,18 +326,21 @@ def forward_rows(
     device = batch.keys[0].device
     ids = torch.tensor([list(t) + [t[-1]] * (q_len - len(t)) for t in tokens], device=device)
     positions = (batch.positions.unsqueeze(1) + torch.arange(q_len)).to(device)
-    cache = batch.model_cache(q_len)
     equal = len(set(counts)) == 1
-    with step_masks(batch.masks(q_len)):
-        out = model(
-            input_ids=ids,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1 if last and equal else 0,
-            **{cache_kwarg: cache},
-        )
+    if lean is not None:
+        batch.make_room(q_len)
+        logits = lean(batch, ids, positions, batch.masks(q_len), last_only=last and equal)
+    else:
+        cache = batch.model_cache(q_len)
+        with step_masks(batch.masks(q_len)):
+            logits = model(
+                input_ids=ids,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1 if last and equal else 0,
+                **{cache_kwarg: cache},
+            ).logits
     batch.advance(counts)
-    logits = out.logits
     if not last:
         return logits
     if equal:

@@ -20,6 +20,7 @@ from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.decode import DecodeBatch
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_from_layers
+from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.prefill import PrefillResult
 from ragsnap.runtime.teacher_force import teacher_force
 
@@ -41,6 +42,7 @@ class ModelRuntime:
         speculate: int = 0,
         ngrams: bool = False,
         commit_drafts: bool = False,
+        lean_decode: bool = True,
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
@@ -56,6 +58,8 @@ class ModelRuntime:
         # batch memory of prefill_tails, reused from one batch to the next
         self._tail_scratch: list[tuple[torch.Tensor, torch.Tensor]] = []
         install_runtime_attention(self.model)
+        # decode steps of a plain Llama-family model skip transformers' module tree
+        self.lean = llama_pass_for(self.model) if lean_decode else None
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
@@ -231,6 +235,7 @@ class ModelRuntime:
             self.speculate,
             self.ngrams,
             self.commit_drafts,
+            self.lean,
         )
 
     def teacher_force(

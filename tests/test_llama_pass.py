@@ -1,0 +1,90 @@
+"""The lean Llama pass: the same logits and cache entries as transformers' module tree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ragsnap.cpu_linears import can_pack_half, pack_linears
+from ragsnap.runtime.forward import BatchedKV, forward_rows
+from ragsnap.runtime.llama_pass import llama_pass_for
+from tests.test_runtime import tiny_prefills
+from tests.tiny_models import ARCHITECTURES, tiny_engine
+
+LEAN = ("llama", "mistral", "qwen2")
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_only_plain_llama_layers_get_the_lean_pass(arch) -> None:
+    engine = tiny_engine(arch)
+    assert (llama_pass_for(engine.model) is not None) == (arch in LEAN)
+    assert (engine.runtime.lean is not None) == (arch in LEAN)
+
+
+def _rows(engine) -> BatchedKV:
+    """The four test requests (biased, unequal layer lengths, a full cache) as one batch."""
+    kv = BatchedKV(engine.runtime.windows)
+    for prefill, _ in tiny_prefills(engine):
+        kv.add(prefill.layers, prefill.original_length, prefill.bias)
+    return kv
+
+
+def _same_passes(engine, feeds) -> None:
+    """Feeding ``feeds`` (per pass, the tokens of each row) through both paths gives the
+    same logits and leaves the same entries in every row's cache."""
+    model, kwarg = engine.model, engine.loaded.cache_kwarg
+    tree, lean = _rows(engine), _rows(engine)
+    for tokens in feeds:
+        last = len({len(t) for t in tokens}) == 1 and len(tokens[0]) == 1
+        expected = forward_rows(model, kwarg, tree, tokens, last=last)
+        got = forward_rows(model, kwarg, lean, tokens, last=last, lean=engine.runtime.lean)
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(tree.lengths, lean.lengths)
+    for r in range(tree.rows):
+        for (k1, v1), (k2, v2) in zip(tree.row_layers(r), lean.row_layers(r), strict=True):
+            torch.testing.assert_close(k2, k1, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(v2, v1, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", LEAN)
+def test_lean_pass_matches_the_module_tree(arch) -> None:
+    engine = tiny_engine(arch)
+    feeds = [
+        [[5], [6], [7], [8]],  # one token each
+        [[9, 10, 11], [12], [13, 14], [15, 16, 17]],  # drafts of unequal length
+        [[18], [19], [20], [21]],
+    ]
+    _same_passes(engine, feeds)
+
+
+def test_lean_pass_keeps_sliding_windows() -> None:
+    """A Mistral with a window shorter than the prompts: the step masks bound it."""
+    engine = tiny_engine("mistral", sliding_window=24)
+    assert set(engine.runtime.windows) == {24}
+    _same_passes(engine, [[[5], [6], [7], [8]], [[9, 10], [11], [12], [13, 14]]])
+
+
+@pytest.mark.skipif(not can_pack_half(), reason="fbgemm cannot pack float32 linears here")
+def test_lean_pass_follows_linears_swapped_after_it_was_made() -> None:
+    engine = tiny_engine("llama")
+    assert pack_linears(engine.model) > 0
+    _same_passes(engine, [[[5], [6], [7], [8]]])
+
+
+def test_decoding_rows_with_and_without_the_lean_pass_gives_the_same_tokens() -> None:
+    engine = tiny_engine("qwen2")
+    requests = tiny_prefills(engine)
+
+    def answers(lean) -> list[list[int]]:
+        engine.runtime.lean = lean
+        batch = engine.runtime.decode_batch(stop_ids=set())
+        rows = [batch.add(i, p, g) for i, (p, g) in enumerate(requests)]
+        for _ in batch.run():
+            pass
+        return [row.tokens for row in rows]
+
+    lean = engine.runtime.lean
+    assert lean is not None
+    assert answers(lean) == answers(None)
+    assert [len(t) for t in answers(lean)] == [g.max_new_tokens for _, g in requests]
