@@ -39,7 +39,7 @@ class ServiceMetrics:
         )
         self.store_writes = Gauge(
             "ragsnap_store_writes_pending",
-            "document-prefix entries of answered requests not yet written to the store",
+            "answered requests whose cache entries are not yet written to the store",
             registry=r,
         )
         self.queue_wait = Histogram(

@@ -379,8 +379,9 @@ class RagSnapEngine:
             marked = insert_markers(answer, spans, per_sentence)
         return citations, marked, time.perf_counter() - started
 
-    def store_prefix(self, prepared: PreparedAnswer) -> None:
-        """Write the document-prefix entry a miss left for after its answer (if any)."""
+    def store_pending(self, prepared: PreparedAnswer) -> None:
+        """Write the entries left for after the answer (its compressed entry, and a miss's
+        document-prefix entry); a second call writes nothing."""
         if self.tiers is not None:
             self.tiers.finish(prepared.report)
 
@@ -390,13 +391,14 @@ class RagSnapEngine:
         row: DecodeRow,
         ttft_s: float | None,
         *,
-        store_prefix: bool = True,
+        store_pending: bool = True,
     ) -> tuple[CitationsEvent, DoneEvent]:
-        """Citations and the final event of a decoded answer; first stores the prefix entry
-        unless ``store_prefix`` is False (the caller then calls :meth:`store_prefix`)."""
+        """Citations and the final event of a decoded answer; first writes the entries left
+        for after the answer unless ``store_pending`` is False (the caller then calls
+        :meth:`store_pending`)."""
         layout, prefill, report = prepared.layout, prepared.prefill, prepared.report
-        if store_prefix:
-            self.store_prefix(prepared)  # after the last token
+        if store_pending:
+            self.store_pending(prepared)  # after the last token
         answer = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
         citations, marked, cite_s = self.cite(prepared, row.tokens, prepared.question)
         stats = AnswerStats(
@@ -486,14 +488,17 @@ class RagSnapEngine:
         )
         text = TextStream(self.tokenizer)
         ttft: float | None = None
-        for out in batch.run():
-            if out.token is not None:
-                ttft = ttft if ttft is not None else time.perf_counter() - prepared.started
-                if delta := text.push(out.token):
-                    yield TokenEvent(text=delta)
-        if rest := text.flush():
-            yield TokenEvent(text=rest)
-        yield from self.finish(prepared, row, ttft)
+        try:
+            for out in batch.run():
+                if out.token is not None:
+                    ttft = ttft if ttft is not None else time.perf_counter() - prepared.started
+                    if delta := text.push(out.token):
+                        yield TokenEvent(text=delta)
+            if rest := text.flush():
+                yield TokenEvent(text=rest)
+            yield from self.finish(prepared, row, ttft)
+        finally:  # an iterator closed early still writes what the answer left to write
+            self.store_pending(prepared)
 
     def answer(
         self,

@@ -12,11 +12,12 @@ leaves at the next step; a new one joins at the next step. ``max_batch=1`` is th
 request at a time, start to finish.
 
 What follows an answer's last token (attribution of its citations, its stats) runs on a
-second thread, so the other rows do not wait for it. The document-prefix entry a miss leaves
-(the full KV of its documents, ~100 MB for 2K tokens in float32) is written on a third, after
-the answer's close, once no prompt prefills or waits (at most ``STORE_DEFER_S`` later): on two
-cores, serializing and writing it during a prefill slowed that prefill by a quarter. The
-in-process prefix memory serves new questions over those documents meanwhile.
+second thread, so the other rows do not wait for it. The entries an answer leaves to write
+(its compressed entry; a miss's document-prefix entry, the full KV of its documents, ~100 MB
+for 2K tokens in float32) are written on a third, after the answer's close (or its
+cancellation), once no prompt prefills or waits (at most ``STORE_DEFER_S`` later): on two
+cores, serializing and writing them during a prefill slowed that prefill by a quarter. The
+in-process prefix memory and unwritten entries serve requests for them meanwhile.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._finisher: ThreadPoolExecutor | None = None
         self._writer: ThreadPoolExecutor | None = None
-        self.pending_writes = 0  # document-prefix entries waiting for the store thread
+        self.pending_writes = 0  # answers whose entries wait for the store thread
         self._writes_lock = threading.Lock()
         # set while no prompt is looked up or prefilled and none waits for it
         self._no_prefill = threading.Event()
@@ -155,7 +156,7 @@ class Scheduler:
         if self._finisher is not None:  # answers already decoded still get their last events
             self._finisher.shutdown(wait=True)
             self._finisher = None
-        if self._writer is not None:  # and their prefix entries are written
+        if self._writer is not None:  # and their entries are written
             self._no_prefill.set()
             self._writer.shutdown(wait=True)
             self._writer = None
@@ -280,6 +281,7 @@ class Scheduler:
         for (request, _), answer in zip(hits, prepared, strict=True):
             if request.is_cancelled():
                 request.close("cancelled")
+                self._write_later(answer)
             else:
                 self._join(request, answer)
 
@@ -312,6 +314,7 @@ class Scheduler:
                     layout=layout,
                 )
             if request.is_cancelled():
+                self._write_later(prepared)
                 raise Cancelled
         except Cancelled:
             request.close("cancelled")
@@ -372,6 +375,7 @@ class Scheduler:
         request = running.request
         if cancelled:
             request.close("cancelled")
+            self._write_later(running.prepared)
             return
         try:
             if rest := running.text.flush():
@@ -390,7 +394,7 @@ class Scheduler:
         prepared = running.prepared
         try:
             citations, done = self.engine.finish(
-                prepared, running.row, running.ttft_s, store_prefix=self._writer is None
+                prepared, running.row, running.ttft_s, store_pending=self._writer is None
             )
             request.emit(citations)
             request.emit(done)
@@ -398,18 +402,27 @@ class Scheduler:
             request.fail(exc)
         else:
             request.close("ok")
-        if self._writer is not None and prepared.report.pending:
-            with self._writes_lock:
-                self.pending_writes += 1
-            self._writer.submit(self._store_prefix, prepared)
+        self._write_later(prepared)
 
-    def _store_prefix(self, prepared: PreparedAnswer) -> None:
-        """Write ``prepared``'s document-prefix entry once no prompt prefills or waits (or at
-        the latest ``STORE_DEFER_S`` from now); store errors are logged by the tiers, never
+    def _write_later(self, prepared: PreparedAnswer) -> None:
+        """Hand the entries ``prepared`` left to write to the store thread (written here
+        when the scheduler runs without threads)."""
+        if not prepared.report.pending:
+            return
+        if self._writer is None:
+            self.engine.store_pending(prepared)
+            return
+        with self._writes_lock:
+            self.pending_writes += 1
+        self._writer.submit(self._store_pending, prepared)
+
+    def _store_pending(self, prepared: PreparedAnswer) -> None:
+        """Write ``prepared``'s pending entries once no prompt prefills or waits (or at the
+        latest ``STORE_DEFER_S`` from now); store errors are logged by the tiers, never
         raised."""
         try:
             self._no_prefill.wait(STORE_DEFER_S)
-            self.engine.store_prefix(prepared)
+            self.engine.store_pending(prepared)
         finally:
             with self._writes_lock:
                 self.pending_writes -= 1

@@ -98,8 +98,10 @@ def test_hit_loads_bit_identical_kv_and_answers_exactly_as_the_miss(engine, redi
     eng = redis_engine(engine, redis_server.url)
     layout = eng.build_prompt(Q1, DOCS, options().generation, order="given")
     press = options().press
-    missed, report = eng.tiers.prefill(layout, press, Q1, ns)
-    assert report.status == "miss" and report.bytes_written > 0
+    missed, miss_report = eng.tiers.prefill(layout, press, Q1, ns)
+    assert miss_report.status == "miss" and miss_report.pending  # written after the answer
+    eng.tiers.finish(miss_report)
+    assert miss_report.bytes_written > 0
     hit, report = eng.tiers.prefill(layout, press, Q1, ns)
     assert report.status == "hit" and report.bytes_read > 0 and hit.processed_tokens == 0
     for a, b in zip(missed.cache.layers, hit.cache.layers, strict=True):

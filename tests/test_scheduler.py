@@ -231,7 +231,7 @@ def test_an_answer_being_finished_does_not_hold_up_the_other_rows(engine_tiny, m
     scheduler.stop()
 
 
-def test_a_miss_stores_its_document_prefix_after_its_answer_and_outside_prefills(
+def test_a_miss_stores_its_entries_after_its_answer_and_outside_prefills(
     engine_tiny, tmp_path, monkeypatch
 ) -> None:
     from ragsnap.cache import open_store
@@ -264,13 +264,13 @@ def test_a_miss_stores_its_document_prefix_after_its_answer_and_outside_prefills
     scheduler.submit(second)
     assert blocked.wait(60) and first.outcome == "ok"
     time.sleep(0.5)
-    assert entries() == 1  # the first answer's compressed entry; its prefix waits
+    assert entries() == 0  # the first answer's compressed and prefix entries wait
     assert scheduler.pending_writes == 1
     release.set()
     assert second.closed.wait(60) and second.outcome == "ok"
     deadline = time.monotonic() + 30
-    while entries() < 3:  # the first prefix is written once the prefill is over
-        assert time.monotonic() < deadline, "the first answer's prefix entry was never written"
+    while entries() < 2:  # the first answer's entries are written once the prefill is over
+        assert time.monotonic() < deadline, "the first answer's entries were never written"
         time.sleep(0.05)
     scheduler.stop()  # and the second's by the time the scheduler has stopped
     assert entries() == 4 and scheduler.pending_writes == 0

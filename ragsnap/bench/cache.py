@@ -244,7 +244,8 @@ def _precision(
     try:
         layout = engine.build_prompt(QUESTION_A, documents, longer.generation, order="given")
         exact = base.runtime.prefill(layout.input_ids, press)
-        engine.tiers.prefill(layout, press, QUESTION_A, namespace)  # store it
+        _, stored = engine.tiers.prefill(layout, press, QUESTION_A, namespace)
+        engine.tiers.finish(stored)  # written now: the next prefill reads the store
         loaded, report = engine.tiers.prefill(layout, press, QUESTION_A, namespace)
         assert report.status == "hit"
         errors = [

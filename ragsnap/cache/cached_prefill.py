@@ -15,6 +15,8 @@ miss          the prompt is prefilled, in the same two steps when a prefix entry
               (prefix, then tail), so a later prefix hit repeats exactly this computation;
               the pieces of its documents are computed and stored after the answer.
 
+A computed compressed entry is written after the answer (with the prefix entry), and serves
+this process's requests for it from memory until then (:mod:`ragsnap.cache.unwritten`).
 Store errors never fail a request: an unreachable store makes the answer ``unavailable``
 and computes without it; a damaged or stale entry is deleted and recomputed.
 """
@@ -22,7 +24,6 @@ and computes without it; a damaged or stale entry is deleted and recomputed.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +44,7 @@ from ragsnap.cache.serialization import (
     serialize_prefix,
 )
 from ragsnap.cache.store import EntryKey, KVStore, StoreUnavailable
+from ragsnap.cache.unwritten import UnwrittenEntries
 from ragsnap.compression import Press
 from ragsnap.compression.lookup_focus import uses_focus
 from ragsnap.lookup import prompt_focus
@@ -61,6 +63,8 @@ logger = logging.getLogger(__name__)
 FLIGHT_WAIT_S = 600.0
 # document prefixes kept in memory: ten 2K-token prompts of the embedded model in float32
 DEFAULT_PREFIX_MEMORY_BYTES = 1 << 30
+# compressed entries waiting for their write: twenty of 2K tokens at budget 256, float32
+DEFAULT_UNWRITTEN_BYTES = 256 << 20
 
 
 class PrefillRunner(DocumentRunner, Protocol):
@@ -114,18 +118,22 @@ class CachedPrefill:
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
         recompute_select: str = DEFAULT_SELECTION,
         prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
+        unwritten_bytes: int = DEFAULT_UNWRITTEN_BYTES,
     ) -> None:
         """``document_cache`` keeps each document's KV for prompts that combine them anew,
         recomputing ``recompute_share`` of their tokens (0: plain concatenation), chosen
         per ``recompute_select`` (see :func:`ragsnap.runtime.blend.blend_prefix`);
         ``prefix_memory_bytes`` of the most recently used document prefixes stay in this
-        process's memory in front of the store (:mod:`ragsnap.cache.prefix_memory`)."""
+        process's memory in front of the store (:mod:`ragsnap.cache.prefix_memory`);
+        compressed entries wait for their write after the answer in up to
+        ``unwritten_bytes`` of memory (:mod:`ragsnap.cache.unwritten`)."""
         self.runner = runner
         self.loaded = loaded
         self.store = store
         self.prefix_cache = prefix_cache
         self.storage_dtype = storage_dtype
         self.memory = PrefixMemory(prefix_memory_bytes if prefix_cache else 0)
+        self.unwritten = UnwrittenEntries(unwritten_bytes)
         self.documents = (
             DocumentTier(self, runner, recompute_share, recompute_select)
             if document_cache
@@ -204,16 +212,17 @@ class CachedPrefill:
             storing = report.status != "unavailable"
             result = self._compute(layout, press, pkey, report, storing, on_chunk, namespace)
             if storing:
-                self._put(ckey, lambda: self._serialize(result), report)
+                self._put_later(ckey, result, report)
         return result, report
 
     def finish(self, report: CacheReport) -> None:
-        """Write what was left for after the answer (the prefix entry)."""
+        """Write what was left for after the answer (its compressed entry, a miss's prefix
+        entry); a second call writes nothing."""
         pending, report.pending = report.pending, []
         for key, payload in pending:
-            if report.status == "unavailable":
-                return
-            self._put(key, payload, report)
+            if report.status != "unavailable":
+                self._put(key, payload, report)
+            self.unwritten.written(key)
 
     def lookup(
         self, layout: PromptLayout, press: Press, question: str, namespace: str | None
@@ -259,12 +268,15 @@ class CachedPrefill:
             for hit, result in zip(todo, computed, strict=True):
                 results[hit.key] = result
                 if hit.report.status != "unavailable":
-                    self._put(hit.key, functools.partial(self._serialize, result), hit.report)
+                    self._put_later(hit.key, result, hit.report)
         return [results[hit.key] for hit in hits]
 
     # -- store access, never raising ----------------------------------------------------
 
     def _get(self, key: EntryKey, report: CacheReport) -> bytes | None:
+        unwritten = self.unwritten.get(key)
+        if unwritten is not None:
+            return unwritten
         try:
             return self.store.get(key)
         except StoreUnavailable as exc:
@@ -285,10 +297,24 @@ class CachedPrefill:
         except Exception:
             logger.exception("cache write failed for %s; the answer goes on", key.digest[:12])
 
+    def _put_later(self, key: EntryKey, result: PrefillResult, report: CacheReport) -> None:
+        """Serialize ``result`` now and write it after the answer (:meth:`finish`), or now
+        when the unwritten entries have no room for it."""
+        try:
+            payload = self._serialize(result)
+        except Exception:
+            logger.exception("cache entry %s not serialized; the answer goes on", key.digest[:12])
+            return
+        if self.unwritten.hold(key, payload):
+            report.pending.insert(0, (key, lambda: payload))
+        else:
+            self._put(key, lambda: payload, report)
+
     def _drop(self, key: EntryKey, reason: Exception) -> None:
         logger.warning(
             "cache entry %s unusable (%s); deleting and recomputing", key.digest[:12], reason
         )
+        self.unwritten.written(key)
         self.store.reject(key, "stale" if isinstance(reason, StaleEntry) else "unreadable")
 
     # -- hit --------------------------------------------------------------------------
