@@ -116,6 +116,7 @@ def start_services(
         max_batch=settings.max_batch,
         step_tokens=settings.step_tokens,
         prefill_threads=settings.prefill_threads or available_cores(),
+        decode_threads=settings.decode_threads,
     )
     worker.start()
     return Services(

@@ -153,8 +153,15 @@ class Settings(BaseSettings):
         default=None,
         ge=1,
         le=1024,
-        description="torch threads while a prompt prefills (compute-bound); decode steps keep "
-        "--threads (bound by reading the weights). Unset: every core the server may run on",
+        description="torch threads while a prompt prefills (compute-bound). Unset: every core "
+        "the server may run on",
+    )
+    decode_threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="torch threads of a decode step (all running requests' next tokens). "
+        "Unset: the server's --threads",
     )
 
     @field_validator("api_keys", "allowed_hosts", mode="before")

@@ -186,7 +186,8 @@ class EngineWorker:
     dropped when the scheduler reaches it), so a disconnect frees its slot immediately.
     ``max_batch`` jobs decode together (1: one at a time); ``step_tokens`` is the token
     budget of one scheduler step (a prefill chunk plus one token per running job);
-    ``prefill_threads`` the torch threads prompts prefill on (None: the scheduler's own).
+    ``prefill_threads`` and ``decode_threads`` the torch threads prompts prefill and rows
+    decode on (None: the scheduler's own).
     """
 
     def __init__(
@@ -198,13 +199,18 @@ class EngineWorker:
         max_batch: int = 8,
         step_tokens: int = 512,
         prefill_threads: int | None = None,
+        decode_threads: int | None = None,
     ):
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
         self.min_retry_s = min_retry_s
         self.scheduler = Scheduler(
-            engine, max_batch=max_batch, step_tokens=step_tokens, prefill_threads=prefill_threads
+            engine,
+            max_batch=max_batch,
+            step_tokens=step_tokens,
+            prefill_threads=prefill_threads,
+            decode_threads=decode_threads,
         )
         self.scheduler.stats.on_step = metrics.observe_step
         self._lock = threading.Lock()

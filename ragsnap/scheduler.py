@@ -105,16 +105,19 @@ class Scheduler:
         step_tokens: int = 512,
         idle_chunk: int = IDLE_CHUNK,
         prefill_threads: int | None = None,
+        decode_threads: int | None = None,
     ) -> None:
-        """``prefill_threads``: torch threads while a prompt prefills (None: the thread count
-        the scheduler starts with, which decode steps always use; see ``runtime.threads``)."""
+        """``prefill_threads`` and ``decode_threads``: torch threads while a prompt prefills
+        and while rows decode (None: those of the thread creating the scheduler; see
+        ``runtime.threads``)."""
         if max_batch < 1 or step_tokens < 1 or idle_chunk < 1:
             raise ValueError("max_batch, step_tokens and idle_chunk must be at least 1")
         if prefill_threads is not None and prefill_threads < 1:
             raise ValueError("prefill_threads must be at least 1")
         self.engine = engine
         self.prefill_threads = prefill_threads
-        self.decode_threads: int | None = None  # the loop's own, read when it starts
+        # torch threads of the loop's decode steps (None: those of the thread creating it)
+        self.decode_threads = decode_threads or _torch_threads()
         self.max_batch = max_batch
         self.step_tokens = step_tokens
         self.idle_chunk = idle_chunk
@@ -139,8 +142,16 @@ class Scheduler:
 
     def start(self) -> None:
         self._stopping = False
-        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragsnap-finish")
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragsnap-store")
+        # the helper threads compute on one torch thread: each thread that computes on more
+        # keeps an OpenMP team, and once the teams' threads outnumber the cores, libgomp
+        # stops spinning between parallel regions; a decode step (hundreds of short
+        # regions) then ran no faster on two threads than on one
+        self._finisher = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ragsnap-finish", initializer=_one_torch_thread
+        )
+        self._writer = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ragsnap-store", initializer=_one_torch_thread
+        )
         self._thread = threading.Thread(target=self._run, name="ragsnap-scheduler", daemon=True)
         self._thread.start()
 
@@ -200,7 +211,7 @@ class Scheduler:
     def _run(self) -> None:
         import torch
 
-        self.decode_threads = torch.get_num_threads()
+        torch.set_num_threads(self.decode_threads)  # this thread's OpenMP team, see start()
         while not self._stopping:
             request = self._next()
             if request is not None:
@@ -426,3 +437,16 @@ class Scheduler:
         finally:
             with self._writes_lock:
                 self.pending_writes -= 1
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _one_torch_thread() -> None:
+    """Compute on one torch thread in the calling thread (see :meth:`Scheduler.start`)."""
+    import torch
+
+    torch.set_num_threads(1)

@@ -282,9 +282,14 @@ def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
 ) -> None:
     import torch
 
-    seen: dict[str, set[int]] = {"prefill": set(), "decode": set()}
+    seen: dict[str, set[int]] = {"prefill": set(), "decode": set(), "finish": set()}
     scheduler = Scheduler(engine_tiny, step_tokens=48, idle_chunk=32, prefill_threads=3)
     real_prefill, real_step = engine_tiny.runtime.prefill, scheduler.batch.step
+    real_finish = engine_tiny.finish
+
+    def finish(*args, **kwargs):
+        seen["finish"].add(torch.get_num_threads())
+        return real_finish(*args, **kwargs)
 
     def prefill(*args, **kwargs):
         seen["prefill"].add(torch.get_num_threads())
@@ -296,6 +301,7 @@ def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
 
     monkeypatch.setattr(engine_tiny.runtime, "prefill", prefill)
     monkeypatch.setattr(scheduler.batch, "step", step)
+    monkeypatch.setattr(engine_tiny, "finish", finish)
     before = torch.get_num_threads()
     scheduler.start()
     requests = requests_for_tiny_engine()
@@ -304,7 +310,8 @@ def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
     for r in requests:
         assert r.closed.wait(60) and r.outcome == "ok"
     scheduler.stop()
-    assert seen == {"prefill": {3}, "decode": {before}}
+    # the finishing thread computes on one thread (one OpenMP team beside the loop's)
+    assert seen == {"prefill": {3}, "decode": {before}, "finish": {1}}
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="prefill_threads"):
         Scheduler(engine_tiny, prefill_threads=0)

@@ -135,6 +135,18 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
         raise ConfigError(f"setting {name}: {first['msg']}", field=name) from None
 
 
+def on_the_scheduler_thread(settings: Any) -> Any:
+    """Settings whose decode threads are this process's torch threads (unless set), after
+    moving this thread (the HTTP server's) to one torch thread: on a small machine, a
+    second thread computing on several would slow the scheduler's decode steps (see
+    :meth:`ragsnap.scheduler.Scheduler.start`)."""
+    import torch
+
+    decode = settings.decode_threads or torch.get_num_threads()
+    torch.set_num_threads(1)
+    return settings.model_copy(update={"decode_threads": decode})
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -154,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_on_ray(args, settings, given_settings(args))
     logging.getLogger("ragsnap").setLevel(logging.INFO)  # the one-line-per-request access log
+    settings = on_the_scheduler_thread(settings)
     with loading_model(settings.model, settings.device):
         engine = load_engine(settings)  # fails here, with one clear line, before binding
     app = create_app(settings, engine=engine)
