@@ -7,6 +7,8 @@ import json
 import pytest
 
 from ragsnap.cli import main
+from ragsnap.engine import RagSnapEngine
+from tests.tiny_models import tiny_engine
 
 
 def test_bench_batch_reports_throughput_bytes_and_gaps(tiny, capsys) -> None:
@@ -55,8 +57,6 @@ def test_bench_batch_compares_packed_and_dense_linears(dtype, monkeypatch, capsy
         can_pack_half,
         pack_linears,
     )
-    from ragsnap.engine import RagSnapEngine
-    from tests.tiny_models import tiny_engine
 
     if not (can_pack() if dtype == "bfloat16" else can_pack_half()):
         pytest.skip(f"this torch build or CPU cannot pack {dtype} linears")
@@ -92,3 +92,34 @@ def test_bench_batch_compare_linears_needs_packed_linears(tiny, capsys) -> None:
     args = ["bench", "batch", "--concurrency", "1", "--context", "120", "--budget", "48"]
     assert main([*args, "--decode-tokens", "2", "--repeats", "1", "--compare-linears"]) == 2
     assert "--compare-linears" in capsys.readouterr().err
+
+
+def test_bench_batch_compare_pass_alternates_lean_and_tree(monkeypatch, capsys) -> None:
+    engine = tiny_engine("qwen2")
+    lean = engine.runtime.lean
+    assert lean is not None
+    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+    import ragsnap.bench.batch as batch
+
+    paths, real = [], batch.timed_batch
+
+    def timed(engine_, prefills, steps):  # which pass each timed run decoded with
+        paths.append("lean" if engine_.runtime.lean is lean else "tree")
+        return real(engine_, prefills, steps)
+
+    monkeypatch.setattr(batch, "timed_batch", timed)
+    args = ["bench", "batch", "--concurrency", "1,2", "--context", "120", "--budget", "48"]
+    assert main([*args, "--decode-tokens", "2", "--repeats", "1", "--compare-pass"]) == 0
+    assert paths[-4:] == ["lean", "lean", "tree", "tree"]
+    report = json.loads(capsys.readouterr().out)
+    assert [r["concurrency"] for r in report["pass"]] == [1, 2]
+    assert all(r["lean_ms_per_step"] > 0 and r["tree_ms_per_step"] > 0 for r in report["pass"])
+    assert engine.runtime.lean is lean  # left as loaded
+
+
+def test_bench_batch_compare_pass_needs_a_llama_family_model(monkeypatch, capsys) -> None:
+    engine = tiny_engine("gemma3")
+    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+    args = ["bench", "batch", "--concurrency", "1", "--context", "120", "--budget", "48"]
+    assert main([*args, "--decode-tokens", "2", "--repeats", "1", "--compare-pass"]) == 2
+    assert "--compare-pass" in capsys.readouterr().err

@@ -12,6 +12,9 @@ chunks of each size with a decode step between chunks (as the scheduler does); r
 are the p50/p95 gaps between tokens during that prefill against the gaps with nothing
 prefilling, and the prefill's wall time (the new request's first token, steps included).
 
+``--compare-pass`` also times the compressed rows' decode steps with the lean Llama pass
+(:mod:`ragsnap.runtime.llama_pass`) and through transformers' module tree, alternating.
+
 ``--compare-linears`` (CPU) also times the compressed rows' decode steps with the packed
 linears the model loads with (oneDNN bfloat16, or fbgemm half-precision weights for
 float32) and with plain dense ones, alternating between the two layouts on the same rows.
@@ -49,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compare-linears",
         action="store_true",
         help="also time decode with packed vs dense linears (CPU)",
+    )
+    parser.add_argument(
+        "--compare-pass",
+        action="store_true",
+        help="also time decode with the lean Llama pass vs transformers' module tree",
     )
     parser.add_argument("--json", action="store_true", help="print JSON")
 
@@ -153,6 +161,39 @@ def compare_linears(
     return rows
 
 
+def compare_pass(
+    engine: Any, prefills: list[Any], levels: list[int], steps: int, repeats: int
+) -> list[dict[str, Any]]:
+    """Per concurrency, ms per decode step with the lean pass and with the module tree."""
+    runtime = engine.runtime
+    lean = runtime.lean
+    if lean is None:
+        raise ConfigError("--compare-pass: this model has no lean pass (Llama, Mistral, Qwen2)")
+    seconds: dict[tuple[str, int], list[float]] = {}
+    try:
+        for _ in range(repeats):
+            for path, used in (("lean", lean), ("tree", None)):
+                runtime.lean = used
+                for c in levels:
+                    elapsed, _ = timed_batch(engine, prefills[:c], steps)
+                    seconds.setdefault((path, c), []).append(elapsed / steps)
+    finally:
+        runtime.lean = lean
+    rows = []
+    for c in levels:
+        fast = statistics.median(seconds[("lean", c)])
+        tree = statistics.median(seconds[("tree", c)])
+        rows.append(
+            {
+                "concurrency": c,
+                "lean_ms_per_step": round(1000 * fast, 2),
+                "tree_ms_per_step": round(1000 * tree, 2),
+                "tree_over_lean": round(tree / fast, 2),
+            }
+        )
+    return rows
+
+
 def measure(
     engine: Any, args: argparse.Namespace, levels: list[int]
 ) -> tuple[list[dict[str, Any]], list[Any]]:
@@ -227,7 +268,9 @@ def run(args: argparse.Namespace) -> int:
         report["linears"] = compare_linears(
             engine, compressed, levels, args.decode_tokens, args.repeats
         )
-    if args.json or args.gap_chunks or args.compare_linears:
+    if args.compare_pass:
+        report["pass"] = compare_pass(engine, compressed, levels, args.decode_tokens, args.repeats)
+    if args.json or args.gap_chunks or args.compare_linears or args.compare_pass:
         print(json.dumps(report, indent=2))
     else:
         print(

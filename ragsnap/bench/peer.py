@@ -53,7 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ragsnap-url", help="a running ragsnap server (default: start one)")
     parser.add_argument("--max-batch", type=int, default=8, help="ragsnap serve --max-batch")
     parser.add_argument(
-        "--server-threads", type=int, default=1, help="torch threads of ragsnap serve"
+        "--server-threads",
+        type=int,
+        help="torch threads of ragsnap serve's decode steps (default: every core this bench "
+        "may use, as vLLM's binding)",
     )
     parser.add_argument(
         "--server-prefill-threads",
@@ -154,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     from ragsnap.generation import stop_token_ids
 
     levels, scenarios = parse_levels(args.concurrency), parse_scenarios(args.scenarios)
+    args.server_threads = args.server_threads or available_cores()
     if args.setup_vllm:
         args.vllm_python = str(servers.setup_vllm(args.setup_vllm))
     from ragsnap.engine import RagSnapEngine
