@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import uuid
 from urllib.parse import urlsplit
 
@@ -285,7 +286,11 @@ def test_a_damaged_entry_is_counted_in_metrics(engine, tmp_path):
     with TestClient(_app(eng)) as served:
         first = served.post("/v1/answer", json=native(documents=ns_docs)).json()
         assert first["stats"]["cache"] == "miss"
-        (entry,) = list((tmp_path / "default").glob("kv-*.kv"))
+        deadline = time.monotonic() + 30
+        while not (entries := list((tmp_path / "default").glob("kv-*.kv"))):
+            assert time.monotonic() < deadline, "the entry was never written"
+            time.sleep(0.05)  # written by the store thread after the answer
+        (entry,) = entries
         data = bytearray(entry.read_bytes())
         data[-3] ^= 0xFF
         entry.write_bytes(bytes(data))
@@ -297,7 +302,6 @@ def test_a_damaged_entry_is_counted_in_metrics(engine, tmp_path):
 
 def test_a_non_streaming_disconnect_is_logged_as_cancelled(engine, caplog):
     import logging
-    import time
 
     import httpx
 

@@ -1,11 +1,13 @@
 """Torch intra-op threads per phase of serving.
 
 Prefill is compute-bound (a 2K-token prompt in 124-token chunks: 1.6x faster on two threads
-than on one, on a 2-core AVX2 CPU); a decode step of up to 8 rows is bound by reading the
-weights and takes as long on two threads as on one. So the scheduler prefills on every
-core and decodes on fewer, leaving the others to the HTTP server, the store and the
-finishing thread while rows decode. Nothing here imports torch before it is used: the CLI
-sets its thread environment first.
+than on one, on a 2-core AVX2 CPU); a decode step of 4-8 rows is too (8 rows: 52 against
+74 ms on two threads and one). Both run on the scheduler's thread, which must be the only
+thread computing on several: every such thread keeps an OpenMP team, and once the teams'
+threads outnumber the cores libgomp stops spinning between parallel regions, so the
+hundreds of short regions of a decode step ran no faster on two threads than on one. The
+scheduler's helper threads and the HTTP server's compute on one. Nothing here imports
+torch before it is used: the CLI sets its thread environment first.
 """
 
 from __future__ import annotations
