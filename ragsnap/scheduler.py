@@ -117,7 +117,7 @@ class Scheduler:
         self.engine = engine
         self.prefill_threads = prefill_threads
         # torch threads of the loop's decode steps (None: those of the thread creating it)
-        self.decode_threads = decode_threads or _torch_threads()
+        self.decode_threads = decode_threads or _current_torch_threads()
         self.max_batch = max_batch
         self.step_tokens = step_tokens
         self.idle_chunk = idle_chunk
@@ -439,7 +439,7 @@ class Scheduler:
                 self.pending_writes -= 1
 
 
-def _torch_threads() -> int:
+def _current_torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()

@@ -102,3 +102,19 @@ def test_a_server_with_a_prefix_tier_reserves_its_batch_memory_at_start(tmp_path
             assert scratch and all(k.shape[0] == 3 and k.shape[2] == 96 for k, _ in scratch)
         else:  # nothing reserved: caching off, or told not to
             assert scratch == []
+
+
+def test_serve_leaves_multi_threaded_compute_to_the_scheduler() -> None:
+    import torch
+
+    from ragsnap.api.settings import Settings
+    from ragsnap.cli.serve import keep_threads_for_the_scheduler
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert keep_threads_for_the_scheduler(Settings()).decode_threads == 3
+        assert torch.get_num_threads() == 1  # the HTTP thread computes on one
+        assert keep_threads_for_the_scheduler(Settings(decode_threads=2)).decode_threads == 2
+    finally:
+        torch.set_num_threads(before)

@@ -135,7 +135,7 @@ def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def
         raise ConfigError(f"setting {name}: {first['msg']}", field=name) from None
 
 
-def on_the_scheduler_thread(settings: Any) -> Any:
+def keep_threads_for_the_scheduler(settings: Any) -> Any:
     """Settings whose decode threads are this process's torch threads (unless set), after
     moving this thread (the HTTP server's) to one torch thread: on a small machine, a
     second thread computing on several would slow the scheduler's decode steps (see
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_on_ray(args, settings, given_settings(args))
     logging.getLogger("ragsnap").setLevel(logging.INFO)  # the one-line-per-request access log
-    settings = on_the_scheduler_thread(settings)
+    settings = keep_threads_for_the_scheduler(settings)
     with loading_model(settings.model, settings.device):
         engine = load_engine(settings)  # fails here, with one clear line, before binding
     app = create_app(settings, engine=engine)

@@ -42,7 +42,6 @@ class ModelRuntime:
         speculate: int = 0,
         ngrams: bool = False,
         commit_drafts: bool = False,
-        lean_decode: bool = True,
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
@@ -59,7 +58,7 @@ class ModelRuntime:
         self._tail_scratch: list[tuple[torch.Tensor, torch.Tensor]] = []
         install_runtime_attention(self.model)
         # decode steps of a plain Llama-family model skip transformers' module tree
-        self.lean = llama_pass_for(self.model) if lean_decode else None
+        self.lean = llama_pass_for(self.model)
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
