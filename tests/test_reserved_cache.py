@@ -60,4 +60,6 @@ def test_loaded_entries_are_copied_never_written_and_capacity_grows() -> None:
     keys = cache.layers[0].keys
     assert keys.shape[2] == 9
     assert torch.equal(keys[:, :, :4], kept_k[:, :, :4])
-    assert torch.equal(keys[:, :, 4:7], parts[0][0]) and torch.equal(keys[:, :, 7:8], parts[1][0][:, :, :1])
+    assert torch.equal(keys[:, :, 4:7], parts[0][0]) and torch.equal(
+        keys[:, :, 7:8], parts[1][0][:, :, :1]
+    )

@@ -26,6 +26,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -121,6 +122,38 @@ def token_gaps(
     return out
 
 
+def alternate(
+    engine: Any,
+    prefills: list[Any],
+    levels: list[int],
+    steps: int,
+    repeats: int,
+    variants: Sequence[tuple[str, Callable[[], object]]],
+) -> list[dict[str, Any]]:
+    """Per concurrency, ms per decode step (median) under each of two ``variants``
+    (``(name, switch to it)``), alternating between them ``repeats`` times."""
+    seconds: dict[tuple[str, int], list[float]] = {}
+    for _ in range(repeats):
+        for name, use in variants:
+            use()
+            for c in levels:
+                elapsed, _ = timed_batch(engine, prefills[:c], steps)
+                seconds.setdefault((name, c), []).append(elapsed / steps)
+    (first, _), (second, _) = variants
+    rows = []
+    for c in levels:
+        a, b = (statistics.median(seconds[(name, c)]) for name in (first, second))
+        rows.append(
+            {
+                "concurrency": c,
+                f"{first}_ms_per_step": round(1000 * a, 2),
+                f"{second}_ms_per_step": round(1000 * b, 2),
+                f"{second}_over_{first}": round(b / a, 2),
+            }
+        )
+    return rows
+
+
 def compare_linears(
     engine: Any, prefills: list[Any], levels: list[int], steps: int, repeats: int
 ) -> list[dict[str, Any]]:
@@ -133,32 +166,11 @@ def compare_linears(
             "--compare-linears: the model has no packed linears (they are used on CPU only, "
             "where this torch build can pack the model's dtype: --device cpu)"
         )
-    seconds: dict[tuple[str, int], list[float]] = {}
+    variants = [("packed", lambda: pack_linears(model)), ("dense", lambda: unpack_linears(model))]
     try:
-        for _ in range(repeats):
-            for layout in ("packed", "dense"):
-                if layout == "packed":
-                    pack_linears(model)
-                for c in levels:
-                    elapsed, _ = timed_batch(engine, prefills[:c], steps)
-                    seconds.setdefault((layout, c), []).append(elapsed / steps)
-                if layout == "packed":
-                    unpack_linears(model)
+        return alternate(engine, prefills, levels, steps, repeats, variants)
     finally:
         pack_linears(model)
-    rows = []
-    for c in levels:
-        packed = statistics.median(seconds[("packed", c)])
-        dense = statistics.median(seconds[("dense", c)])
-        rows.append(
-            {
-                "concurrency": c,
-                "packed_ms_per_step": round(1000 * packed, 2),
-                "dense_ms_per_step": round(1000 * dense, 2),
-                "dense_over_packed": round(dense / packed, 2),
-            }
-        )
-    return rows
 
 
 def compare_pass(
@@ -169,29 +181,16 @@ def compare_pass(
     lean = runtime.lean
     if lean is None:
         raise ConfigError("--compare-pass: this model has no lean pass (Llama, Mistral, Qwen2)")
-    seconds: dict[tuple[str, int], list[float]] = {}
+
+    def use(path: Any) -> Callable[[], None]:
+        return lambda: setattr(runtime, "lean", path)
+
     try:
-        for _ in range(repeats):
-            for path, used in (("lean", lean), ("tree", None)):
-                runtime.lean = used
-                for c in levels:
-                    elapsed, _ = timed_batch(engine, prefills[:c], steps)
-                    seconds.setdefault((path, c), []).append(elapsed / steps)
+        return alternate(
+            engine, prefills, levels, steps, repeats, [("lean", use(lean)), ("tree", use(None))]
+        )
     finally:
         runtime.lean = lean
-    rows = []
-    for c in levels:
-        fast = statistics.median(seconds[("lean", c)])
-        tree = statistics.median(seconds[("tree", c)])
-        rows.append(
-            {
-                "concurrency": c,
-                "lean_ms_per_step": round(1000 * fast, 2),
-                "tree_ms_per_step": round(1000 * tree, 2),
-                "tree_over_lean": round(tree / fast, 2),
-            }
-        )
-    return rows
 
 
 def measure(

@@ -14,11 +14,11 @@ processes.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 import torch
+
+from ragsnap.cache.bounded import BoundedMap
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -27,24 +27,9 @@ def layers_nbytes(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return sum(k.nbytes + v.nbytes for k, v in layers)
 
 
-class PrefixMemory:
+class PrefixMemory(BoundedMap[Layers]):
     """A thread-safe LRU of prefix layers (``[1, Hkv, n, D]`` keys and values per layer),
     at most ``max_bytes`` in all; 0 keeps nothing."""
-
-    def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[Hashable, Layers] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
 
     def get(self, key: Hashable) -> Layers | None:
         with self._lock:

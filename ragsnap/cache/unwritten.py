@@ -13,29 +13,14 @@ The bytes are bounded: an entry that does not fit is written at once, as before.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Hashable
 
+from ragsnap.cache.bounded import BoundedMap
 
-class UnwrittenEntries:
+
+class UnwrittenEntries(BoundedMap[bytes]):
     """A thread-safe map of serialized entries waiting for their write, at most
     ``max_bytes`` in all (0: none; every entry is written at once)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[Hashable, bytes] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
 
     def get(self, key: Hashable) -> bytes | None:
         with self._lock:
