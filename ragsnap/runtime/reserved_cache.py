@@ -42,7 +42,7 @@ def reserved(cache: Any, capacity: int) -> Iterator[Any]:
 
 
 @functools.cache
-def _reserved_layer_class() -> type:
+def _reserved_layer_class() -> Any:
     """The reserved layer class (built on first use: importing the runtime does not import
     transformers)."""
     from transformers.cache_utils import DynamicLayer
@@ -86,13 +86,15 @@ def _reserved_layer_class() -> type:
             if self.buffers is None:
                 return False
             keys, values = self.buffers
+            held_keys, held_values = self.keys, self.values
+            assert held_keys is not None and held_values is not None  # initialized by update
             return (
                 end <= keys.shape[2]
                 and keys.shape[:2] == key_states.shape[:2]
                 and values.shape[3] == value_states.shape[3]
                 and keys.dtype == key_states.dtype
-                and (self.keys.numel() == 0 or self.keys.data_ptr() == keys.data_ptr())
-                and (self.values.numel() == 0 or self.values.data_ptr() == values.data_ptr())
+                and (held_keys.numel() == 0 or held_keys.data_ptr() == keys.data_ptr())
+                and (held_values.numel() == 0 or held_values.data_ptr() == values.data_ptr())
             )
 
         def _rebuffer(
@@ -102,6 +104,7 @@ def _reserved_layer_class() -> type:
             keys = key_states.new_empty((*key_states.shape[:2], size, key_states.shape[3]))
             values = value_states.new_empty((*value_states.shape[:2], size, value_states.shape[3]))
             if start:
+                assert self.keys is not None and self.values is not None
                 keys[:, :, :start].copy_(self.keys)
                 values[:, :, :start].copy_(self.values)
             self.buffers = (keys, values)
