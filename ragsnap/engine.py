@@ -285,7 +285,8 @@ class RagSnapEngine:
         return layout
 
     def finish_prefix_hits(self, pending: Sequence[PendingAnswer]) -> list[PreparedAnswer]:
-        """Finish the tails of ``pending`` together; each is then ready to decode."""
+        """Finish the tails of ``pending`` together; each is then ready to decode (its
+        entry is written by :meth:`finish` or :meth:`store_pending`)."""
         assert self.tiers is not None, "prefix hits come from the cache tiers"
         results = self.tiers.finish_prefix_hits([p.hit for p in pending])
         return [
@@ -306,6 +307,8 @@ class RagSnapEngine:
         tiers (hit, prefix hit, miss).
 
         ``on_chunk`` runs between prefill chunks; an exception from it abandons the prefill.
+        The entries it computed are written by :meth:`finish` or :meth:`store_pending`
+        after the answer (served from memory until then).
         """
         started = time.perf_counter()
         if layout is None:
