@@ -43,9 +43,6 @@ def llama_pass_for(model: Any) -> LlamaPass | None:
         return None
     if getattr(config, "hidden_act", None) != "silu" or not hasattr(model, "lm_head"):
         return None
-    attention = layers[0].self_attn
-    if any(hasattr(attention, name) for name in ("q_norm", "k_norm", "sinks")):
-        return None
     return LlamaPass(model)
 
 
