@@ -116,6 +116,18 @@ class ServiceMetrics:
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
             registry=r,
         )
+        self.group_size = Histogram(
+            "ragsnap_prefix_hit_group_size",
+            "prefix hits (new questions over stored documents) finished in one shared pass",
+            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
+            registry=r,
+        )
+        self.group_wait = Histogram(
+            "ragsnap_prefix_hit_gather_seconds",
+            "seconds the first prefix hit of a group waited for the others",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0),
+            registry=r,
+        )
         self.step_seconds = Histogram(
             "ragsnap_decode_step_seconds",
             "seconds of one batched decode step (a token, or a token and its draft, per request)",
@@ -126,6 +138,10 @@ class ServiceMetrics:
     def observe_step(self, batch_size: int, seconds: float) -> None:
         self.batch_size.observe(batch_size)
         self.step_seconds.observe(seconds)
+
+    def observe_group(self, size: int, waited_s: float) -> None:
+        self.group_size.observe(size)
+        self.group_wait.observe(waited_s)
 
     def track_rejections(self, counts: Callable[[], dict[str, int]]) -> None:
         """Export the KV store's count of rejected entries (damaged, tampered, unreadable:

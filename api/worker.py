@@ -213,6 +213,7 @@ class EngineWorker:
             decode_threads=decode_threads,
         )
         self.scheduler.stats.on_step = metrics.observe_step
+        self.scheduler.stats.on_group = metrics.observe_group
         self._lock = threading.Lock()
         self._mean_job_s = 5.0  # refined by an exponential moving average of real jobs
         metrics.track_queue(

@@ -345,32 +345,48 @@ def test_prefix_hits_waiting_together_are_finished_together(engine_tiny, tmp_pat
             requests.insert(miss_at, Collector(words(3, 4), [unseen], requests[0].options))
         return requests
 
-    def answered(folder, max_batch, miss_at=None):
-        engine, groups = engine_on(folder), []
+    def answered(folder, max_batch, miss_at=None, stagger_s=None, gather_s=0.05):
+        engine, groups, gathered = engine_on(folder), [], []
         real = engine.finish_prefix_hits
         monkeypatch.setattr(
             engine,
             "finish_prefix_hits",
             lambda pending: groups.append(len(pending)) or real(pending),
         )
-        scheduler = Scheduler(engine, max_batch=max_batch, step_tokens=48, idle_chunk=32)
+        scheduler = Scheduler(
+            engine, max_batch=max_batch, step_tokens=48, idle_chunk=32, gather_s=gather_s
+        )
+        scheduler.stats.on_group = lambda size, waited: gathered.append(waited)
         requests = new_questions(miss_at)
-        for r in requests:  # all waiting before the loop starts
-            scheduler.submit(r)
-        scheduler.start()
+        if stagger_s is None:
+            for r in requests:  # all waiting before the loop starts
+                scheduler.submit(r)
+            scheduler.start()
+        else:  # arriving one by one at a running loop
+            scheduler.start()
+            for r in requests:
+                scheduler.submit(r)
+                time.sleep(stagger_s)
         for r in requests:
             assert r.closed.wait(60) and r.outcome == "ok"
         scheduler.stop()
-        return requests, groups
+        return requests, groups, gathered
 
-    together, groups = answered(tmp_path / "kv", 8)
-    alone, serial_groups = answered(tmp_path / "kv-serial", 1)
+    shutil.copytree(tmp_path / "kv", tmp_path / "kv-staggered")
+    together, groups, _ = answered(tmp_path / "kv", 8)
+    alone, serial_groups, _ = answered(tmp_path / "kv-serial", 1)
     hits = [r.done.stats.cache == "prefix-hit" for r in together]
     assert hits == [r.done.stats.cache == "prefix-hit" for r in alone] and sum(hits) >= 2
     assert groups[0] == sum(hits) and serial_groups == [1] * sum(hits)
     assert [r.done.answer for r in together] == [r.done.answer for r in alone]
     # a miss stops the scan: it prefills in its turn, and the hits behind it go together
-    mixed, groups = answered(tmp_path / "kv-mixed", 8, miss_at=2)
+    mixed, groups, _ = answered(tmp_path / "kv-mixed", 8, miss_at=2)
     assert [r.done.stats.cache for r in mixed] == ["prefix-hit"] * 2 + ["miss"] + ["prefix-hit"] * 2
     assert groups == [2, 2]
     assert [r.done.answer for r in mixed[:2] + mixed[3:]] == [r.done.answer for r in alone]
+    # requests sent one after the other: the first hit waits for the rest, while they come
+    staggered, groups, waited = answered(
+        tmp_path / "kv-staggered", 8, stagger_s=0.1, gather_s=0.4
+    )
+    assert groups == [sum(hits)] and waited[0] >= 0.1 * (sum(hits) - 1)
+    assert [r.done.answer for r in staggered] == [r.done.answer for r in alone]
