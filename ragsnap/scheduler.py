@@ -44,7 +44,7 @@ from ragsnap.engine import (
 from ragsnap.events import AnswerEvent, TokenEvent
 from ragsnap.prompt import PromptLayout
 from ragsnap.runtime.decode import DecodeRow
-from ragsnap.runtime.threads import torch_threads
+from ragsnap.runtime.threads import one_torch_thread, torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -166,10 +166,10 @@ class Scheduler:
         # stops spinning between parallel regions; a decode step (hundreds of short
         # regions) then ran no faster on two threads than on one
         self._finisher = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="ragsnap-finish", initializer=_one_torch_thread
+            max_workers=1, thread_name_prefix="ragsnap-finish", initializer=one_torch_thread
         )
         self._writer = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="ragsnap-store", initializer=_one_torch_thread
+            max_workers=1, thread_name_prefix="ragsnap-store", initializer=one_torch_thread
         )
         self._thread = threading.Thread(target=self._run, name="ragsnap-scheduler", daemon=True)
         self._thread.start()
@@ -482,10 +482,3 @@ def _current_torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
-
-
-def _one_torch_thread() -> None:
-    """Compute on one torch thread in the calling thread (see :meth:`Scheduler.start`)."""
-    import torch
-
-    torch.set_num_threads(1)

@@ -71,6 +71,40 @@ def test_tails_finished_together_equal_each_prefilled_alone() -> None:
     assert engine.runtime._tail_scratch  # kept for the next batch
 
 
+def test_rows_compressed_side_by_side_keep_what_rows_compressed_in_turn_keep(
+    monkeypatch,
+) -> None:
+    import threading
+
+    from ragsnap.compression.hooks import CompressionRecorder
+    from ragsnap.runtime.threads import torch_threads
+
+    engine = tiny_engine("llama")
+    engine.runtime.stop_ids = {1}
+    where = []
+    real = CompressionRecorder.compress_pending
+
+    def compress_pending(self, *args):
+        where.append((threading.current_thread().name, torch.get_num_threads()))
+        return real(self, *args)
+
+    monkeypatch.setattr(CompressionRecorder, "compress_pending", compress_pending)
+    with torch_threads(1):  # one thread: the rows are compressed in turn, here
+        _, in_turn = serial_and_batched(engine)
+    batched_rows = where[-len(CASES) :]
+    assert {name for name, _ in batched_rows} == {threading.current_thread().name}
+    with torch_threads(2):  # one row per worker thread, each computing on one thread
+        _, side_by_side = serial_and_batched(engine)
+    batched_rows = where[-len(CASES) :]
+    assert all(name.startswith("ragsnap-compress") for name, _ in batched_rows)
+    assert {threads for _, threads in batched_rows} == {1}
+    for a, b in zip(in_turn, side_by_side, strict=True):
+        assert a.draft == b.draft
+        for x, y in zip(a.kept, b.kept, strict=True):
+            assert torch.equal(x.indices, y.indices)
+            assert torch.allclose(x.values, y.values, rtol=1e-4, atol=1e-4)
+
+
 def test_sliding_window_models_and_every_query_presses_are_not_batched() -> None:
     gemma = tiny_engine("gemma3")
     ids = random_prompt(60, seed=1)

@@ -385,8 +385,6 @@ def test_prefix_hits_waiting_together_are_finished_together(engine_tiny, tmp_pat
     assert groups == [2, 2]
     assert [r.done.answer for r in mixed[:2] + mixed[3:]] == [r.done.answer for r in alone]
     # requests sent one after the other: the first hit waits for the rest, while they come
-    staggered, groups, waited = answered(
-        tmp_path / "kv-staggered", 8, stagger_s=0.1, gather_s=0.4
-    )
+    staggered, groups, waited = answered(tmp_path / "kv-staggered", 8, stagger_s=0.1, gather_s=0.4)
     assert groups == [sum(hits)] and waited[0] >= 0.1 * (sum(hits) - 1)
     assert [r.done.answer for r in staggered] == [r.done.answer for r in alone]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from ragsnap.runtime.kv import cache_from_layers
 from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.prefill import PrefillResult
 from ragsnap.runtime.teacher_force import teacher_force
+from ragsnap.runtime.threads import one_torch_thread
 
 
 class ModelRuntime:
@@ -56,6 +58,7 @@ class ModelRuntime:
         self.windows = sliding_windows(self.model.config)
         # batch memory of prefill_tails, reused from one batch to the next
         self._tail_scratch: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._compress_pool: ThreadPoolExecutor | None = None  # see _row_workers
         install_runtime_attention(self.model)
         # decode steps of a plain Llama-family model skip transformers' module tree
         self.lean = llama_pass_for(self.model)
@@ -111,9 +114,29 @@ class ModelRuntime:
             else dataclasses.replace(t, word_starts=word_starts(self.tokenizer, t.input_ids))
             for t in tails
         ]
+        threads = torch.get_num_threads()
         return _tails.prefill_tails(
-            self.model, self.cache_kwarg, filled, self.stop_ids, self._tail_scratch
+            self.model,
+            self.cache_kwarg,
+            filled,
+            self.stop_ids,
+            self._tail_scratch,
+            self._row_workers(threads) if len(tails) > 1 and threads > 1 else None,
         )
+
+    def _row_workers(self, count: int) -> ThreadPoolExecutor:
+        """``count`` threads that compress the rows of :meth:`prefill_tails` side by side,
+        each on one torch thread: a row's compression is hundreds of small operations, which
+        two threads speed up only 1.35x (0.33 -> 0.245 s per 2.3K-token row on 2 cores)."""
+        if self._compress_pool is None or self._compress_pool._max_workers != count:
+            if self._compress_pool is not None:
+                self._compress_pool.shutdown(wait=False)
+            self._compress_pool = ThreadPoolExecutor(
+                max_workers=count,
+                thread_name_prefix="ragsnap-compress",
+                initializer=one_torch_thread,
+            )
+        return self._compress_pool
 
     def reserve_tails(self, rows: int, tokens: int) -> int:
         """Allocate and touch the batch memory :meth:`prefill_tails` reuses, for ``rows``

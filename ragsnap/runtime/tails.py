@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,12 +63,14 @@ def prefill_tails(
     tails: Sequence[Tail],
     stop_ids: Collection[int] = (),
     scratch: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    workers: Executor | None = None,
 ) -> list[PrefillResult]:
     """Prefill, draft and compress every tail of ``tails`` (see the module docstring); one
     result per tail, as ``prefill(input_ids, press, cache=prefix, start=start)`` gives it
     (up to float noise). ``prefill_s`` is the batch's shared time plus the row's
     compression; ``stop_ids`` end a draft. ``scratch`` is batch memory to reuse (see
-    :meth:`BatchedKV.of_rows`): no result refers to it.
+    :meth:`BatchedKV.of_rows`): no result refers to it. ``workers`` compress the rows in
+    parallel (each row is independent once the shared passes are done); None: in turn.
 
     Raises ValueError when the tails are not :func:`batchable`.
     """
@@ -102,8 +105,9 @@ def prefill_tails(
     drafted, drafts = draft_rows(model, cache_kwarg, batch, logits, ahead, stop_ids)
     prefill_s = time.perf_counter() - started
     modules = attention_modules(model)
-    results = []
-    for r, tail in enumerate(tails):
+
+    def compressed(r: int) -> PrefillResult:
+        tail = tails[r]
         prompt = len(tail.input_ids)
         cache = cache_from_layers(
             model.config, [(k[:, :, :prompt], v[:, :, :prompt]) for k, v in batch.row_layers(r)]
@@ -125,28 +129,29 @@ def prefill_tails(
                 (cos[rows, -window:], sin[rows, -window:]),
             )
         k = len(drafts[r])
-        recorder.compress_pending(
-            cache, {layer: q[r : r + 1, :, :k] for layer, q in drafted.items()} if k else None
-        )
+        with torch.inference_mode():
+            recorder.compress_pending(
+                cache, {layer: q[r : r + 1, :, :k] for layer, q in drafted.items()} if k else None
+            )
         for layer in cache.layers:  # what a press kept whole is still a view of the batch
             layer.keys, layer.values = layer.keys.contiguous(), layer.values.contiguous()
-        results.append(
-            PrefillResult(
-                cache=cache,
-                original_length=prompt,
-                next_logits=logits[r : r + 1],
-                kept=recorder.layer_results(0),
-                bias=recorder.layer_bias(0),
-                press_config=tail.press.config(),
-                prefill_s=prefill_s + recorder.seconds,
-                compress_s=recorder.seconds,
-                kv_bytes_full=recorder.bytes_seen,
-                kv_bytes_kept=cache_nbytes(cache),
-                processed_tokens=prompt - starts[r],
-                draft=drafts[r],
-            )
+        return PrefillResult(
+            cache=cache,
+            original_length=prompt,
+            next_logits=logits[r : r + 1],
+            kept=recorder.layer_results(0),
+            bias=recorder.layer_bias(0),
+            press_config=tail.press.config(),
+            prefill_s=prefill_s + recorder.seconds,
+            compress_s=recorder.seconds,
+            kv_bytes_full=recorder.bytes_seen,
+            kv_bytes_kept=cache_nbytes(cache),
+            processed_tokens=prompt - starts[r],
+            draft=drafts[r],
         )
-    return results
+
+    rows = range(len(tails))
+    return list(map(compressed, rows) if workers is None else workers.map(compressed, rows))
 
 
 @torch.inference_mode()

@@ -39,3 +39,11 @@ def torch_threads(count: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def one_torch_thread() -> None:
+    """Compute on one torch thread in the calling thread: the initializer of helper threads
+    (see the module docstring)."""
+    import torch
+
+    torch.set_num_threads(1)
