@@ -120,9 +120,9 @@ class Settings(BaseSettings):
         "same pass: those the lookahead press drafted (0: off; answers unchanged)",
     )
     speculate_ngrams: bool = Field(
-        default=False,
-        description="also draft by prompt n-grams (paid off only where a pass over a few "
-        "more tokens costs little: bench speculate)",
+        default=True,
+        description="also draft what followed the answer's last tokens in the prompt or the "
+        "answer (prompt lookup; bench speculate measures it)",
     )
     commit_lookahead: bool = Field(
         default=True,

@@ -46,11 +46,11 @@ def test_speculation_is_a_bounded_setting(monkeypatch):
     from ragsnap.cli.serve import settings_from_args
 
     settings = settings_from_args(build_parser().parse_args(["serve"]))
-    assert (settings.speculate, settings.speculate_ngrams) == (8, False)
-    args = build_parser().parse_args(["serve", "--speculate", "0", "--speculate-ngrams"])
+    assert (settings.speculate, settings.speculate_ngrams) == (8, True)
+    args = build_parser().parse_args(["serve", "--speculate", "0", "--no-speculate-ngrams"])
     assert (settings_from_args(args).speculate, settings_from_args(args).speculate_ngrams) == (
         0,
-        True,
+        False,
     )
     monkeypatch.setenv("RAGSNAP_SPECULATE", "17")
     with pytest.raises(ConfigError, match="speculate"):

@@ -218,7 +218,7 @@ def test_ask_drafts_by_default_and_says_how_many_drafted_tokens_were_kept(
     argv = ["-q", "Why?", "--docs", *docs, "--budget", "64", "--max-new-tokens", "12"]
     code, out, err = ask(capsys, *argv, "--cache", "none")
     assert code == 0, err
-    assert (given["speculate"], given["speculate_ngrams"]) == (8, False)
+    assert (given["speculate"], given["speculate_ngrams"]) == (8, True)
     assert re.search(r"ms/token \(\d+ of [1-9]\d* drafted tokens kept\)", out), out
     code, out, err = ask(capsys, *argv, "--cache", "none", "--speculate", "0")
     assert code == 0 and given["speculate"] == 0 and "drafted tokens kept" not in out

@@ -131,7 +131,11 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
         f"pass (default {DEFAULT_SPECULATE}; 0: off; the answer is the same)",
     )
     group.add_argument(
-        "--speculate-ngrams", action="store_true", help="also draft by prompt n-grams"
+        "--speculate-ngrams",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also draft what followed the answer's last tokens in the prompt or the answer "
+        "(default on)",
     )
 
 

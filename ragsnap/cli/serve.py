@@ -69,9 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--speculate-ngrams",
-        action="store_const",
-        const=True,
-        help="also draft by prompt n-grams (off by default)",
+        action=argparse.BooleanOptionalAction,
+        help="also draft what followed the answer's last tokens in the prompt or the answer "
+        "(default on)",
     )
     ray = parser.add_argument_group("Ray Serve (pip install 'ragsnap[ray]')")
     ray.add_argument(

@@ -47,17 +47,18 @@ def fit_mass_weights(kept: torch.Tensor, target: torch.Tensor, iterations: int) 
     ``[..., n]`` weights; the updates keep them non-negative, and starting from 1 keeps
     the under-determined problem (``Q < n``) close to "no bias".
     """
-    # as row vectors ([..., 1, Q] and [..., 1, n]) every product is one batched GEMV
-    weights = torch.ones(
-        kept.shape[:-2] + (1, kept.shape[-1]), dtype=kept.dtype, device=kept.device
-    )
-    numerator = target.unsqueeze(-2) @ kept  # A^T b: [..., 1, n]
-    kept_t = kept.transpose(-1, -2)  # [..., n, Q]
+    # as row vectors ([N, 1, Q] and [N, 1, n]) every product is one bmm GEMV, and an
+    # iteration is five operations (a compression is mostly such small operations: their
+    # count, not their arithmetic, sets its time)
+    shape = kept.shape
+    flat = kept.reshape(-1, shape[-2], shape[-1])  # A: [N, Q, n]
+    flat_t = flat.transpose(1, 2).contiguous()  # A^T: [N, n, Q]
+    numerator = torch.bmm(target.reshape(-1, 1, shape[-2]).to(kept.dtype), flat)  # (A^T b)^T
+    weights = torch.ones_like(numerator)
     for _ in range(iterations):
-        fitted = weights @ kept_t  # (A w)^T: [..., 1, Q]
-        denominator = fitted @ kept  # (A^T A w)^T: [..., 1, n]
-        weights = weights * numerator / denominator.clamp_min(1e-30)
-    return weights.squeeze(-2)
+        denominator = torch.bmm(torch.bmm(weights, flat_t), flat)  # (A^T A w)^T: [N, 1, n]
+        weights.mul_(numerator).div_(denominator.clamp_min_(1e-30))
+    return weights.view(shape[:-2] + (shape[-1],))
 
 
 def refit_values(
