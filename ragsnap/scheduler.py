@@ -56,8 +56,8 @@ STORE_DEFER_S = 60.0
 # a prefix hit waits for companions until no request has arrived for this long...
 GATHER_S = 0.05
 # ...or it has waited this long (a group's shared passes cost about as much for 8 rows as
-# for one, its compression row by row; the prefix hits of 8 requests sent at once reached
-# the loop over 0.1-0.3 s, and finished in 2-3 groups without waiting)
+# for one; without waiting, the first of 8 new questions sent at once started a group and
+# the others queued behind it for most of a second)
 GATHER_MAX_S = 0.5
 
 

@@ -24,6 +24,8 @@ def test_mass_fit_recovers_multiplicities_of_duplicated_keys() -> None:
     weights = fit_mass_weights(kept, target, iterations=2000)
     assert torch.allclose(weights, multiplicity.expand_as(weights), rtol=2e-2)
     assert (weights >= 0).all()
+    # no kept key of the prefix (every kept entry is in the window): nothing to fit
+    assert fit_mass_weights(kept[..., :0], target, iterations=3).shape == (2, 3, 0)
 
 
 def test_value_refit_reaches_an_achievable_output() -> None:

@@ -19,6 +19,7 @@ Decoding adds ``beta`` to the kept keys' logits through the runtime's per-layer 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,9 +52,10 @@ def fit_mass_weights(kept: torch.Tensor, target: torch.Tensor, iterations: int) 
     # iteration is five operations (a compression is mostly such small operations: their
     # count, not their arithmetic, sets its time)
     shape = kept.shape
-    flat = kept.reshape(-1, shape[-2], shape[-1])  # A: [N, Q, n]
+    count = math.prod(shape[:-2])
+    flat = kept.reshape(count, shape[-2], shape[-1])  # A: [N, Q, n] (n may be 0)
     flat_t = flat.transpose(1, 2).contiguous()  # A^T: [N, n, Q]
-    numerator = torch.bmm(target.reshape(-1, 1, shape[-2]).to(kept.dtype), flat)  # (A^T b)^T
+    numerator = torch.bmm(target.reshape(count, 1, shape[-2]).to(kept.dtype), flat)  # (A^T b)^T
     weights = torch.ones_like(numerator)
     for _ in range(iterations):
         denominator = torch.bmm(torch.bmm(weights, flat_t), flat)  # (A^T A w)^T: [N, 1, n]
