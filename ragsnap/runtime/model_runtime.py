@@ -58,7 +58,7 @@ class ModelRuntime:
         self.windows = sliding_windows(self.model.config)
         # batch memory of prefill_tails, reused from one batch to the next
         self._tail_scratch: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._compress_pool: ThreadPoolExecutor | None = None  # see _row_workers
+        self._compress_pool: tuple[int, ThreadPoolExecutor] | None = None  # see _row_workers
         install_runtime_attention(self.model)
         # decode steps of a plain Llama-family model skip transformers' module tree
         self.lean = llama_pass_for(self.model)
@@ -128,15 +128,14 @@ class ModelRuntime:
         """``count`` threads that compress the rows of :meth:`prefill_tails` side by side,
         each on one torch thread: a row's compression is hundreds of small operations, which
         two threads speed up only 1.35x (0.33 -> 0.245 s per 2.3K-token row on 2 cores)."""
-        if self._compress_pool is None or self._compress_pool._max_workers != count:
+        if self._compress_pool is None or self._compress_pool[0] != count:
             if self._compress_pool is not None:
-                self._compress_pool.shutdown(wait=False)
-            self._compress_pool = ThreadPoolExecutor(
-                max_workers=count,
-                thread_name_prefix="ragsnap-compress",
-                initializer=one_torch_thread,
+                self._compress_pool[1].shutdown(wait=False)
+            pool = ThreadPoolExecutor(
+                max_workers=count, thread_name_prefix="ragsnap-compress", initializer=one_torch_thread
             )
-        return self._compress_pool
+            self._compress_pool = (count, pool)
+        return self._compress_pool[1]
 
     def reserve_tails(self, rows: int, tokens: int) -> int:
         """Allocate and touch the batch memory :meth:`prefill_tails` reuses, for ``rows``
