@@ -28,6 +28,22 @@ def test_bench_batch_reports_throughput_bytes_and_gaps(tiny, capsys) -> None:
     assert all(g["rows"] == 3 and g["while_prefilling"]["p95_ms"] > 0 for g in report["gaps"])
 
 
+def test_bench_batch_compares_prefix_hits_compressed_in_turn_and_side_by_side(tiny, capsys) -> None:
+    args = ["bench", "batch", "--concurrency", "1,3", "--context", "120", "--budget", "32"]
+    args += ["--decode-tokens", "2", "--repeats", "1", "--threads", "2", "--compare-tails"]
+    args += ["--press", "ragsnap-lookahead"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["concurrency"] for r in report["tails"]] == [1, 3]
+    for row in report["tails"]:  # the shared passes are part of either way's time
+        assert 0 <= row["shared_s"] <= row["in_turn_s"] and row["side_by_side_s"] > 0
+    # one thread has no second core to compress on; an every-query press cannot batch
+    assert main([*args, "--threads", "1"]) == 2
+    assert "--threads 2" in capsys.readouterr().err
+    assert main([*args, "--press", "h2o"]) == 2
+    assert "one by one" in capsys.readouterr().err
+
+
 def test_bench_batch_refuses_bad_concurrency(tiny, capsys) -> None:
     assert main(["bench", "batch", "--concurrency", "two"]) == 2
     assert "--concurrency" in capsys.readouterr().err

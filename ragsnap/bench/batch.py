@@ -15,6 +15,12 @@ prefilling, and the prefill's wall time (the new request's first token, steps in
 ``--compare-pass`` also times the compressed rows' decode steps with the lean Llama pass
 (:mod:`ragsnap.runtime.llama_pass`) and through transformers' module tree, alternating.
 
+``--compare-tails`` (two or more ``--threads``) also times finishing ``c`` prefix hits
+together (each prompt's first ``--context`` tokens cached, a 40-token question tail to
+prefill, draft and compress, as a new question over seen documents is): the rows
+compressed in turn, and side by side on one worker thread per core (as the server does),
+alternating.
+
 ``--compare-linears`` (CPU) also times the compressed rows' decode steps with the packed
 linears the model loads with (oneDNN bfloat16, or fbgemm half-precision weights for
 float32) and with plain dense ones, alternating between the two layouts on the same rows.
@@ -58,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compare-pass",
         action="store_true",
         help="also time decode with the lean Llama pass vs transformers' module tree",
+    )
+    parser.add_argument(
+        "--compare-tails",
+        action="store_true",
+        help="also time prefix hits finished together, rows compressed in turn vs side by side",
     )
     parser.add_argument("--json", action="store_true", help="print JSON")
 
@@ -193,6 +204,64 @@ def compare_pass(
         runtime.lean = lean
 
 
+def compare_tails(
+    engine: Any, press: Any, context: int, levels: list[int], repeats: int, threads: int
+) -> list[dict[str, Any]]:
+    """Per concurrency, seconds to finish that many prefix hits in one group with the rows
+    compressed in turn and side by side (medians; the shared passes' part of each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ragsnap.compression.words import word_starts
+    from ragsnap.runtime import tails as _tails
+    from ragsnap.runtime.threads import one_torch_thread
+
+    runtime = engine.runtime
+    tail_tokens = 40
+    prompts = [prompt_of_length(engine, context + tail_tokens, seed=i) for i in range(max(levels))]
+    prefixes = [runtime.prefill_full(p[:context]) for p in prompts]
+    words = [word_starts(engine.tokenizer, p) for p in prompts]
+    seconds: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    scratch: list[tuple[torch.Tensor, torch.Tensor]] = []  # batch memory, reused
+    with ThreadPoolExecutor(threads, initializer=one_torch_thread) as pool:
+        for _ in range(repeats):
+            for name, workers in (("in_turn", None), ("side_by_side", pool)):
+                for c in levels:
+                    tails = [
+                        _tails.Tail(p, prefix, context, press, word_starts=starts)
+                        for p, prefix, starts in zip(
+                            prompts[:c], prefixes[:c], words[:c], strict=True
+                        )
+                    ]
+                    started = time.perf_counter()
+                    done = _tails.prefill_tails(
+                        runtime.model,
+                        runtime.cache_kwarg,
+                        tails,
+                        runtime.stop_ids,
+                        scratch,
+                        workers,
+                    )
+                    elapsed = time.perf_counter() - started
+                    shared = done[0].prefill_s - done[0].compress_s
+                    seconds.setdefault((name, c), []).append((elapsed, shared))
+    rows = []
+    for c in levels:
+        turn, side = (
+            statistics.median(s for s, _ in seconds[(name, c)])
+            for name in ("in_turn", "side_by_side")
+        )
+        rows.append(
+            {
+                "concurrency": c,
+                "shared_s": round(statistics.median(s for _, s in seconds[("in_turn", c)]), 3),
+                "in_turn_s": round(turn, 3),
+                "side_by_side_s": round(side, 3),
+                "side_by_side_over_in_turn": round(side / turn, 2),
+            }
+        )
+    return rows
+
+
 def measure(
     engine: Any, args: argparse.Namespace, levels: list[int]
 ) -> tuple[list[dict[str, Any]], list[Any]]:
@@ -242,8 +311,21 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--context {args.context} must exceed --budget {args.budget}", field="context"
         )
+    if args.compare_tails and args.threads < 2:
+        raise ConfigError("--compare-tails needs --threads 2 or more", field="threads")
     torch.set_num_threads(args.threads)
     engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype)
+    if args.compare_tails:
+        from ragsnap.compression import make_press
+        from ragsnap.runtime.tails import Tail
+
+        tail_press = make_press(args.press, budget=args.budget)
+        if not engine.runtime.tails_batchable([Tail([0, 0], [], 1, tail_press)]):
+            raise ConfigError(
+                f"--compare-tails: this model finishes prefix hits of {args.press!r} one by "
+                "one, not together",
+                field="press",
+            )
     results, compressed = measure(engine, args, levels)
     report: dict[str, Any] = {
         "model": engine.loaded.model_id,
@@ -269,7 +351,17 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.compare_pass:
         report["pass"] = compare_pass(engine, compressed, levels, args.decode_tokens, args.repeats)
-    if args.json or args.gap_chunks or args.compare_linears or args.compare_pass:
+    if args.compare_tails:
+        report["tails"] = compare_tails(
+            engine, tail_press, args.context, levels, args.repeats, args.threads
+        )
+    if (
+        args.json
+        or args.gap_chunks
+        or args.compare_linears
+        or args.compare_pass
+        or args.compare_tails
+    ):
         print(json.dumps(report, indent=2))
     else:
         print(

@@ -127,12 +127,16 @@ class ModelRuntime:
     def _row_workers(self, count: int) -> ThreadPoolExecutor:
         """``count`` threads that compress the rows of :meth:`prefill_tails` side by side,
         each on one torch thread: a row's compression is hundreds of small operations, which
-        two threads speed up only 1.35x (0.33 -> 0.245 s per 2.3K-token row on 2 cores)."""
+        two threads speed up only 1.33x (0.28 -> 0.21 s per 2.3K-token row on 2 cores);
+        8 such rows took 1.45 s side by side against 1.66 s in turn (``ragsnap bench
+        batch --compare-tails``)."""
         if self._compress_pool is None or self._compress_pool[0] != count:
             if self._compress_pool is not None:
                 self._compress_pool[1].shutdown(wait=False)
             pool = ThreadPoolExecutor(
-                max_workers=count, thread_name_prefix="ragsnap-compress", initializer=one_torch_thread
+                max_workers=count,
+                thread_name_prefix="ragsnap-compress",
+                initializer=one_torch_thread,
             )
             self._compress_pool = (count, pool)
         return self._compress_pool[1]
