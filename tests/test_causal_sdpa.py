@@ -61,3 +61,28 @@ def test_the_check_is_made_once_per_mask_and_key_count(monkeypatch) -> None:
     assert causal_offset(mask, 7) is None  # 8 keys' mask, cut to 7: not causal
     assert causal_offset(chunk_mask(3, 8), 8) == 5  # another tensor, checked anew
     assert calls == [8, 7, 8]
+
+
+def test_a_chunked_prefill_takes_the_causal_path_to_the_same_logits(monkeypatch) -> None:
+    import ragsnap.runtime.attention as attention
+    from ragsnap.compression import make_press
+    from tests.tiny_models import random_prompt, tiny_engine
+
+    runtime = tiny_engine("llama").runtime
+    runtime.chunk = 16
+    prompt, press = random_prompt(70, seed=3), make_press("snapkv", budget=24, window=8)
+    taken = []
+    real = attention.causal_chunk_sdpa
+    monkeypatch.setattr(
+        attention, "causal_chunk_sdpa", lambda *a, **k: taken.append(a[3]) or real(*a, **k)
+    )
+    split = runtime.prefill(prompt, press)
+    # the chunks after 16 and 32 cached tokens (the first has no mask: sdpa's is_causal)
+    assert {16, 32} <= set(taken)
+    monkeypatch.setattr(attention, "causal_offset", lambda mask, keys: None)
+    taken.clear()
+    masked = runtime.prefill(prompt, press)
+    assert not taken
+    assert torch.allclose(split.next_logits, masked.next_logits, atol=1e-5)
+    for a, b in zip(split.kept, masked.kept, strict=True):
+        assert torch.equal(a.indices, b.indices)

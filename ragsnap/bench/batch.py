@@ -209,11 +209,8 @@ def compare_tails(
 ) -> list[dict[str, Any]]:
     """Per concurrency, seconds to finish that many prefix hits in one group with the rows
     compressed in turn and side by side (medians; the shared passes' part of each)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from ragsnap.compression.words import word_starts
     from ragsnap.runtime import tails as _tails
-    from ragsnap.runtime.threads import one_torch_thread
 
     runtime = engine.runtime
     tail_tokens = 40
@@ -222,28 +219,26 @@ def compare_tails(
     words = [word_starts(engine.tokenizer, p) for p in prompts]
     seconds: dict[tuple[str, int], list[tuple[float, float]]] = {}
     scratch: list[tuple[torch.Tensor, torch.Tensor]] = []  # batch memory, reused
-    with ThreadPoolExecutor(threads, initializer=one_torch_thread) as pool:
-        for _ in range(repeats):
-            for name, workers in (("in_turn", None), ("side_by_side", pool)):
-                for c in levels:
-                    tails = [
-                        _tails.Tail(p, prefix, context, press, word_starts=starts)
-                        for p, prefix, starts in zip(
-                            prompts[:c], prefixes[:c], words[:c], strict=True
-                        )
-                    ]
-                    started = time.perf_counter()
-                    done = _tails.prefill_tails(
-                        runtime.model,
-                        runtime.cache_kwarg,
-                        tails,
-                        runtime.stop_ids,
-                        scratch,
-                        workers,
-                    )
-                    elapsed = time.perf_counter() - started
-                    shared = done[0].prefill_s - done[0].compress_s
-                    seconds.setdefault((name, c), []).append((elapsed, shared))
+    pool = runtime.row_workers(threads)  # the server's workers
+    for _ in range(repeats):
+        for name, workers in (("in_turn", None), ("side_by_side", pool)):
+            for c in levels:
+                tails = [
+                    _tails.Tail(p, prefix, context, press, word_starts=starts)
+                    for p, prefix, starts in zip(prompts[:c], prefixes[:c], words[:c], strict=True)
+                ]
+                started = time.perf_counter()
+                done = _tails.prefill_tails(
+                    runtime.model,
+                    runtime.cache_kwarg,
+                    tails,
+                    runtime.stop_ids,
+                    scratch,
+                    workers,
+                )
+                elapsed = time.perf_counter() - started
+                shared = done[0].prefill_s - done[0].compress_s
+                seconds.setdefault((name, c), []).append((elapsed, shared))
     rows = []
     for c in levels:
         turn, side = (

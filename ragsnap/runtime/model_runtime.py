@@ -58,7 +58,7 @@ class ModelRuntime:
         self.windows = sliding_windows(self.model.config)
         # batch memory of prefill_tails, reused from one batch to the next
         self._tail_scratch: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._compress_pool: tuple[int, ThreadPoolExecutor] | None = None  # see _row_workers
+        self._compress_pool: tuple[int, ThreadPoolExecutor] | None = None  # see row_workers
         install_runtime_attention(self.model)
         # decode steps of a plain Llama-family model skip transformers' module tree
         self.lean = llama_pass_for(self.model)
@@ -121,10 +121,10 @@ class ModelRuntime:
             filled,
             self.stop_ids,
             self._tail_scratch,
-            self._row_workers(threads) if len(tails) > 1 and threads > 1 else None,
+            self.row_workers(threads) if len(tails) > 1 and threads > 1 else None,
         )
 
-    def _row_workers(self, count: int) -> ThreadPoolExecutor:
+    def row_workers(self, count: int) -> ThreadPoolExecutor:
         """``count`` threads that compress the rows of :meth:`prefill_tails` side by side,
         each on one torch thread: a row's compression is hundreds of small operations, which
         two threads speed up only 1.33x (0.28 -> 0.21 s per 2.3K-token row on 2 cores);
