@@ -73,7 +73,12 @@ def load_engine(settings: Settings) -> RagSnapEngine:
     secret = settings.cache_key.get_secret_value() if settings.cache_key is not None else ""
     store = open_store(settings.cache_url, key=secret)
     logger.info("KV cache: %s", store.describe())
-    loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype)
+    loaded = load_model(
+        settings.model,
+        device=settings.device,
+        dtype=settings.dtype,
+        matmul_precision=settings.matmul_precision,
+    )
     return RagSnapEngine(
         loaded,
         store=store,

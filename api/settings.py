@@ -26,6 +26,11 @@ class Settings(BaseSettings):
         default="auto",
         description="compute dtype: auto (bfloat16 on CUDA and on CPUs with AMX), float32, bfloat16",
     )
+    matmul_precision: Literal["auto", "highest", "medium"] = Field(
+        default="auto",
+        description="float32 CPU models: medium rounds the inputs of long products to "
+        "bfloat16 (float32 accumulation); auto: medium on CPUs with AVX512-BF16",
+    )
     cache_url: str | None = Field(
         default=None,
         description="KV cache store URL (redis://, file://PATH, none); unset = ragsnap's default",

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+import ragsnap.bf16_matmuls as bf16_matmuls
 import ragsnap.converted_weights as converted_weights
 import ragsnap.cpu_linears as cpu_linears
 from ragsnap.errors import ModelLoadError
@@ -35,6 +36,8 @@ class LoadedModel:
     model_id: str
     revision: str
     device: torch.device
+    # "medium": a float32 CPU model whose long products round inputs to bfloat16
+    matmul_precision: str = "highest"
 
     @property
     def cache_kwarg(self) -> str:
@@ -144,11 +147,13 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     attn_implementation: str | None = None,
     revision: str | None = None,
+    matmul_precision: str = "auto",
 ) -> LoadedModel:
     """Load ``name``: ``embedded``, a Hugging Face id, a local directory or a ``.gguf`` path.
 
     GGUF weights are dequantized to float32 (transformers does not run quantized GGUF),
-    then cast to ``dtype`` (see :func:`resolve_dtype`).
+    then cast to ``dtype`` (see :func:`resolve_dtype`). ``matmul_precision``: ``auto``,
+    ``highest`` or ``medium`` (see :mod:`ragsnap.bf16_matmuls`).
     The converted weights are kept for later starts (:mod:`ragsnap.converted_weights`).
     Raises :class:`ModelLoadError` with the reason when the model cannot be loaded.
     """
@@ -169,6 +174,7 @@ def load_model(
         source, gguf_file, model_id = str(path.parent), path.name, path.name
     gguf = Path(source) / gguf_file if gguf_file else None
     torch_dtype = resolve_dtype(dtype, target)
+    medium = bf16_matmuls.resolve_matmul_precision(matmul_precision, target, torch_dtype)
     # GGUF weights are dequantized (and kept converted) in float32, then cast
     load_dtype = torch.float32 if gguf is not None else torch_dtype
     kwargs: dict[str, Any] = {"dtype": load_dtype, "attn_implementation": attn}
@@ -190,15 +196,21 @@ def load_model(
     model, tokenizer = loaded
     model.to(device=target, dtype=torch_dtype).eval()
     if target.type == "cpu":
-        cpu_linears.pack_linears(model)
+        cpu_linears.pack_linears(model, many_rows_bf16=medium)
         if torch_dtype == torch.float32:  # any linear left dense
             cpu_linears.column_major_linears(model)
+    if medium:
+        bf16_matmuls.mark_attention(model)
+    precision = "medium" if medium else "highest"
     commit = getattr(model.config, "_commit_hash", None)
-    logger.info("loaded %s on %s (%s, %s)", model_id, target, attn, torch_dtype)
+    logger.info(
+        "loaded %s on %s (%s, %s, %s matmul precision)", model_id, target, attn, torch_dtype, precision
+    )
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
         model_id=model_id,
         revision=revision or revision_label or commit or "local",
         device=target,
+        matmul_precision=precision,
     )

@@ -243,6 +243,7 @@ def start_servers(
                     args.dtype,
                     args.server_threads,
                     args.server_prefill_threads,
+                    args.matmul_precision,
                 ),
                 servers.ragsnap_env(args.server_threads),
                 f"http://127.0.0.1:{port}/readyz",
@@ -324,6 +325,18 @@ def ragsnap_dtype(args: argparse.Namespace) -> str:
     return str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
 
 
+def ragsnap_matmul_precision(args: argparse.Namespace) -> str:
+    """``--matmul-precision`` as ``ragsnap serve`` resolves it on this machine."""
+    import torch
+
+    from ragsnap.bf16_matmuls import resolve_matmul_precision
+    from ragsnap.models import resolve_dtype
+
+    cpu = torch.device("cpu")
+    medium = resolve_matmul_precision(args.matmul_precision, cpu, resolve_dtype(args.dtype, cpu))
+    return "medium" if medium else "highest"
+
+
 def vllm_binding(threads: str) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND`` for ``--vllm-threads`` (``all``: this process's cores)."""
     if threads != "all":
@@ -360,6 +373,7 @@ def setup_facts(
         "greedy": True,
         "ragsnap": {
             "dtype": ragsnap_dtype(args),
+            "matmul_precision": ragsnap_matmul_precision(args),
             "threads": args.server_threads,
             "prefill_threads": args.server_prefill_threads or available_cores(),
             "max_batch": args.max_batch,

@@ -219,6 +219,7 @@ def ragsnap_argv(
     dtype: str,
     threads: int,
     prefill_threads: int | None = None,
+    matmul_precision: str = "auto",
 ) -> list[str]:
     """``ragsnap serve`` from this interpreter, with a fresh file cache."""
     prefill = [] if prefill_threads is None else ["--prefill-threads", str(prefill_threads)]
@@ -239,6 +240,8 @@ def ragsnap_argv(
         str(max(8, max_batch * 2)),
         "--dtype",
         dtype,
+        "--matmul-precision",
+        matmul_precision,
         *prefill,
     ]
 

@@ -145,6 +145,8 @@ class CachedPrefill:
     def _model_identity(self) -> dict[str, str]:
         loaded = self.loaded
         dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
+        if loaded.matmul_precision != "highest":  # other products, other entries
+            dtype += f"-{loaded.matmul_precision}"
         return keys.model_identity(loaded.model_id, loaded.revision, dtype, loaded.device.type)
 
     def _storage_label(self) -> str | None:

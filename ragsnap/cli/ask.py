@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
             args.model,
             device=args.device,
             dtype=args.dtype,
+            matmul_precision=args.matmul_precision,
             store=store,
             prefix_cache=args.prefix_cache,
             document_cache=args.document_cache,

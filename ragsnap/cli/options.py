@@ -35,6 +35,14 @@ def add_dtype_option(parser: argparse.ArgumentParser) -> None:
         help="compute dtype: auto (bfloat16 on CUDA and on CPUs with AMX, else float32), "
         "float32, bfloat16 ($RAGSNAP_DTYPE)",
     )
+    parser.add_argument(
+        "--matmul-precision",
+        default=os.environ.get("RAGSNAP_MATMUL_PRECISION", "auto"),
+        choices=("auto", "highest", "medium"),
+        help="float32 CPU models: medium rounds the inputs of long products (prefill "
+        "linears and attention) to bfloat16, float32 accumulation; auto: medium on CPUs "
+        "with AVX512-BF16, else highest ($RAGSNAP_MATMUL_PRECISION)",
+    )
 
 
 def add_press_options(parser: argparse.ArgumentParser) -> None:

@@ -29,6 +29,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dtype", help="auto (default: bfloat16 on CUDA and on CPUs with AMX), float32, bfloat16"
     )
     parser.add_argument(
+        "--matmul-precision",
+        choices=("auto", "highest", "medium"),
+        help="float32 CPU models: medium rounds the inputs of long products to bfloat16 "
+        "(default auto: medium on CPUs with AVX512-BF16)",
+    )
+    parser.add_argument(
         "--cache", metavar="URL", help="KV cache store: redis://..., file:///dir or none"
     )
     parser.add_argument("--corpus", metavar="DIR", help="folder the `query` field searches (BM25)")
@@ -106,6 +112,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "device": args.device,
         "dtype": args.dtype,
+        "matmul_precision": args.matmul_precision,
         "cache_url": args.cache,
         "corpus_dir": args.corpus,
         "max_queue": args.max_queue,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ragsnap.bf16_matmuls import BF16_MATMULS, LONG_QUERY, bf16_matmuls
 from ragsnap.runtime.causal_sdpa import causal_chunk_sdpa, causal_offset
 
 
@@ -207,6 +208,12 @@ def install_runtime_attention(model: Any) -> str:
     if name not in ALL_ATTENTION_FUNCTIONS:
 
         def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):  # type: ignore[no-untyped-def]
+            if getattr(module, BF16_MATMULS, False) and query.shape[2] >= LONG_QUERY:
+                with bf16_matmuls():
+                    return attend(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+            return attend(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+
+        def attend(module, query, key, value, attention_mask, scaling, dropout, **kwargs):  # type: ignore[no-untyped-def]
             active = _ACTIVE_MASKS.get()
             mask = None if active is None else active.get(module.layer_idx)
             if mask is None:

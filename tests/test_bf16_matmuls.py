@@ -1,0 +1,147 @@
+"""``medium`` matmul precision: float32 models whose long products take bfloat16 inputs."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+from ragsnap import bf16_matmuls
+from ragsnap.bf16_matmuls import LONG_QUERY, bf16_matmuls as bf16_scope
+from ragsnap.bf16_matmuls import mark_attention, resolve_matmul_precision
+from ragsnap.cli import build_parser
+from ragsnap.cpu_linears import BF16_MIN_ROWS, HalfWeightLinear, can_pack, can_pack_half, pack_linears
+from ragsnap.errors import ModelLoadError
+from ragsnap.runtime.attention import install_runtime_attention
+from tests.tiny_models import random_prompt, tiny_model
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+needs_bf16 = pytest.mark.skipif(
+    not (can_pack() and can_pack_half()), reason="no oneDNN bfloat16 or fbgemm on this CPU"
+)
+
+
+def precision() -> str:
+    return torch.backends.mkldnn.matmul.fp32_precision
+
+
+def test_medium_is_for_float32_cpu_models_and_auto_follows_the_cpu(monkeypatch):
+    import ragsnap.cpu_linears as cpu_linears
+
+    monkeypatch.setattr(cpu_linears, "can_pack", lambda: True)
+    monkeypatch.setattr(cpu_linears, "can_pack_half", lambda: True)
+    monkeypatch.setattr(bf16_matmuls, "avx512_bf16", lambda: False)
+    assert not resolve_matmul_precision("auto", CPU, torch.float32)
+    assert resolve_matmul_precision("medium", CPU, torch.float32)  # asked for: honoured
+    monkeypatch.setattr(bf16_matmuls, "avx512_bf16", lambda: True)
+    assert resolve_matmul_precision("auto", CPU, torch.float32)
+    assert not resolve_matmul_precision("highest", CPU, torch.float32)
+    assert not resolve_matmul_precision("medium", CPU, torch.bfloat16)  # already bfloat16
+    assert not resolve_matmul_precision("medium", CUDA, torch.float32)
+
+
+def test_medium_where_it_cannot_run_and_unknown_values_are_refused(monkeypatch):
+    import ragsnap.cpu_linears as cpu_linears
+
+    with pytest.raises(ModelLoadError, match="'low'"):
+        resolve_matmul_precision("low", CPU, torch.float32)
+    monkeypatch.setattr(cpu_linears, "can_pack", lambda: False)
+    monkeypatch.setattr(bf16_matmuls, "avx512_bf16", lambda: True)
+    assert not resolve_matmul_precision("auto", CPU, torch.float32)
+    with pytest.raises(ModelLoadError, match="medium.*highest or auto"):
+        resolve_matmul_precision("medium", CPU, torch.float32)
+
+
+def test_every_model_command_takes_the_precision(monkeypatch):
+    monkeypatch.setenv("RAGSNAP_MATMUL_PRECISION", "highest")
+    for command in (["ask", "-q", "x", "--docs", "a.md"], ["bench", "peer", "--data", "d"]):
+        args = build_parser().parse_args([*command, "--matmul-precision", "medium"])
+        assert args.matmul_precision == "medium"
+        assert build_parser().parse_args(command).matmul_precision == "highest"
+    assert build_parser().parse_args(["serve", "--matmul-precision", "medium"]).matmul_precision == "medium"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "prefill", "--context", "64", "--matmul-precision", "x"])
+
+
+def test_the_scope_restores_the_setting_when_the_last_overlapping_block_leaves():
+    before = precision()
+    entered, leave_first = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with bf16_scope():
+            entered.set()
+            leave_first.wait(5)
+
+    worker = threading.Thread(target=first)
+    worker.start()
+    assert entered.wait(5)
+    with bf16_scope():
+        assert precision() == "bf16"
+        leave_first.set()
+        worker.join(5)
+        assert precision() == "bf16"  # the first block left; this one still runs
+        with bf16_scope():  # nested
+            assert precision() == "bf16"
+        assert precision() == "bf16"
+    assert precision() == before
+
+
+@needs_bf16
+def test_many_rows_multiply_in_bfloat16_and_few_rows_in_half_precision():
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(64, 96)
+    layer = HalfWeightLinear(dense, many_rows_bf16=True)
+    half = HalfWeightLinear(dense)
+    few = torch.randn(BF16_MIN_ROWS - 1, 64)
+    assert torch.equal(layer(few), half(few))
+    many = torch.randn(2, BF16_MIN_ROWS, 64)
+    got = layer(many)
+    assert got.dtype == torch.float32 and got.shape == (2, BF16_MIN_ROWS, 96)
+    # bfloat16 inputs, float32 accumulation, the product rounded to bfloat16
+    product = many.bfloat16().float() @ dense.weight.detach().bfloat16().float().T
+    rounded = product.bfloat16().float() + dense.bias
+    torch.testing.assert_close(got, rounded, rtol=8e-3, atol=1e-3)
+    exact = dense(many).detach()
+    assert (got - exact).abs().max() > (half(many) - exact).abs().max()  # bfloat16 inputs
+
+
+@needs_bf16
+def test_packing_at_medium_leaves_the_lm_head_in_half_precision_only():
+    model = tiny_model("llama").eval()
+    pack_linears(model, many_rows_bf16=True)
+    head = model.get_output_embeddings()
+    layers = [m for m in model.modules() if isinstance(m, HalfWeightLinear) and m is not head]
+    assert layers and all(m.packed_bf16 is not None for m in layers)
+    assert isinstance(head, HalfWeightLinear) and head.packed_bf16 is None
+
+
+def test_marked_attention_runs_long_queries_with_bfloat16_products(monkeypatch):
+    exact = tiny_model("llama").eval()
+    marked = copy.deepcopy(exact)
+    for model in (exact, marked):
+        install_runtime_attention(model)
+    mark_attention(marked)
+    seen: list[tuple[int, str]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append((query.shape[-2], precision()))
+        return sdpa(query, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    before = precision()
+    long = torch.tensor([random_prompt(LONG_QUERY, seed=1)])
+    short = long[:, : LONG_QUERY - 1]
+    with torch.no_grad():
+        want = exact(long).logits
+        assert {p for _, p in seen} == {before}
+        seen.clear()
+        got = marked(long).logits
+        assert seen and all(p == "bf16" for _, p in seen)
+        seen.clear()
+        marked(short)
+        assert seen and all(p == before for _, p in seen)  # short queries stay exact
+    assert precision() == before
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
