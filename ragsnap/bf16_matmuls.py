@@ -1,23 +1,29 @@
-"""``medium`` matmul precision on CPUs that multiply bfloat16 natively.
+"""``medium`` matmul precision: the documents' pass of a float32 CPU model in bfloat16 products.
 
 A float32 model keeps float32 weights (half-precision packed, :mod:`ragsnap.cpu_linears`),
 activations, norms, KV cache and softmax. At ``medium`` precision (torch's name for
 products with bfloat16 inputs and float32 accumulation, as ``set_float32_matmul_precision``
-uses it) two kinds of product round their inputs to bfloat16:
+uses it), the passes over a prompt's document prefix (:func:`medium_products`: the
+prefix tier's full pass, and the chunks of a whole-prompt prefill before the tail) run
+their products in bfloat16:
 
-- linear layers over many rows (prefill chunks, batched tails): oneDNN-packed bfloat16
-  weights, :class:`~ragsnap.cpu_linears.HalfWeightLinear` with ``many_rows_bf16`` (their
-  outputs are rounded to bfloat16 too, as a bfloat16 model's are; the LM head is exempt);
-- attention of queries of at least ``LONG_QUERY`` tokens: the CPU sdpa kernel runs its
-  query-key and probability-value products through oneDNN in bfloat16
-  (``torch.backends.mkldnn.matmul.fp32_precision = "bf16"``) while :func:`bf16_matmuls` is
-  active.
+- linear layers: oneDNN-packed bfloat16 weights
+  (:class:`~ragsnap.cpu_linears.HalfWeightLinear` with ``many_rows_bf16``; activations
+  and outputs rounded to bfloat16, as a bfloat16 model's are; the LM head is exempt);
+- attention: the CPU sdpa kernel runs its query-key and probability-value products
+  through oneDNN in bfloat16 (``torch.backends.mkldnn.matmul.fp32_precision = "bf16"``
+  while :func:`bf16_matmuls` is active).
+
+The question tail, the drafts and the answer's decode steps stay float32, and so does
+every pass of a prefix hit: a prompt's answer is the same whether its documents' KV was
+computed now or loaded from the cache (both come from a medium pass over the documents and
+an exact one over the rest).
 
 Measured on a 2-core AMD EPYC with AVX512-BF16 (no AMX), embedded model, 2 threads: a
-2048-token causal attention layer 33 -> 20 ms, a 1024-row linear 3.9 -> 2.0 ms; short
-queries (decode steps, drafts) stay on the float32 kernels, which are faster for them
-(8 rows x 1 query over 2.3K keys: 1.0 ms in float32, 11 ms with bfloat16 products). The
-float32 kernels there are MKL's, which runs AVX2 code on this CPU.
+2048-token causal attention layer 33 -> 20 ms, a 1024-row linear 3.9 -> 2.0 ms (MKL's
+float32 kernels run AVX2 code on this CPU; oneDNN's bfloat16 ones AVX512-BF16). Short
+products are not faster this way (8 rows x 1 query over 2.3K keys: 1.0 ms in float32, 11
+ms with bfloat16 products), which is one more reason the decode steps stay float32.
 
 ``auto`` picks ``medium`` for float32 models on CPUs that report AVX512-BF16 and whose
 torch build packs bfloat16 weights, ``highest`` elsewhere (and for every other dtype, whose
@@ -29,6 +35,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import torch
@@ -36,11 +43,10 @@ import torch
 from ragsnap.errors import ModelLoadError
 
 PRECISIONS = ("auto", "highest", "medium")
-# from this many query tokens attention runs with bfloat16 products at medium precision
-# (2 threads: 256 queries over 2.3K keys 5.8 against 7.6 ms; 128: 4.1 against 4.1)
-LONG_QUERY = 256
-# attribute of an attention module whose long queries run with bfloat16 products
+# attribute of an attention module of a model at medium precision
 BF16_MATMULS = "ragsnap_bf16_matmuls"
+# whether this thread's passes are over document positions (see medium_products)
+_DOCUMENTS: ContextVar[bool] = ContextVar("ragsnap_medium_products", default=False)
 
 _lock = threading.Lock()
 _active = 0
@@ -82,8 +88,24 @@ def resolve_matmul_precision(precision: str, device: torch.device, dtype: torch.
     return runnable and (precision == "medium" or avx512_bf16())
 
 
+@contextmanager
+def medium_products(enabled: bool = True) -> Iterator[None]:
+    """The passes in this block (this thread only) are over document positions: a model at
+    ``medium`` precision runs their products in bfloat16; others are unaffected."""
+    token = _DOCUMENTS.set(enabled)
+    try:
+        yield
+    finally:
+        _DOCUMENTS.reset(token)
+
+
+def medium_allowed() -> bool:
+    """Whether this thread is inside :func:`medium_products`."""
+    return _DOCUMENTS.get()
+
+
 def mark_attention(model: torch.nn.Module) -> None:
-    """Let every attention layer of ``model`` run long queries with bfloat16 products
+    """Let every attention layer of ``model`` run document passes with bfloat16 products
     (read by the runtime's attention function, :mod:`ragsnap.runtime.attention`)."""
     from ragsnap.compression.hooks import attention_modules
 

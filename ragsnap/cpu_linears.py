@@ -19,12 +19,11 @@ that badly for small row counts:
   came from 4-bit blocks with half-precision scales) and left greedy answers unchanged in
   our checks; ``ragsnap bench batch --compare-linears`` times packed against dense.
 - float32 at ``medium`` matmul precision (:mod:`ragsnap.bf16_matmuls`): the same layer also
-  keeps a oneDNN-packed bfloat16 copy of its weight for passes of many rows (prefill
-  chunks, batched tails): their activations are rounded to bfloat16 on the way in, the
-  product accumulates in float32 and is rounded to bfloat16 on the way out (as in a
-  bfloat16 model's layer), then widened back to float32. On a CPU with AVX512-BF16 a
-  1024-row product takes 0.5x the time of the half-precision one; under
-  ``BF16_MIN_ROWS`` rows (decode steps) the half-precision weight is as fast and exact-er.
+  keeps a oneDNN-packed bfloat16 copy of its weight for the documents' passes: their
+  activations are rounded to bfloat16 on the way in, the product accumulates in float32
+  and is rounded to bfloat16 on the way out (as in a bfloat16 model's layer), then
+  widened back to float32. On a CPU with AVX512-BF16 a 1024-row product takes 0.5x the
+  time of the half-precision one (40 rows 0.7x, 8 rows the same).
 """
 
 from __future__ import annotations
@@ -35,11 +34,9 @@ from collections.abc import Callable
 
 import torch
 
-logger = logging.getLogger(__name__)
+from ragsnap.bf16_matmuls import medium_allowed
 
-# from this many rows a medium-precision float32 linear multiplies in bfloat16 (AVX512-BF16,
-# 2 threads, 576x1536: 8 rows 42 against 40 us in half precision, 40 rows 111 against 156)
-BF16_MIN_ROWS = 16
+logger = logging.getLogger(__name__)
 
 
 def column_major_linears(model: torch.nn.Module) -> None:
@@ -92,10 +89,10 @@ class HalfWeightLinear(torch.nn.Module):
     beyond float32 rounding). The packed weight (and
     the bias, packed with it) is an opaque fbgemm object, outside ``state_dict``.
 
-    ``many_rows_bf16``: also keep the weight oneDNN-packed in bfloat16 and multiply inputs
-    of at least ``BF16_MIN_ROWS`` rows with it: activations and product rounded to
-    bfloat16, float32 accumulation, float32 result (``medium`` matmul precision; needs
-    :func:`can_pack`).
+    ``many_rows_bf16``: also keep the weight oneDNN-packed in bfloat16 and multiply with it
+    inside :func:`~ragsnap.bf16_matmuls.medium_products` (the documents' passes):
+    activations and product rounded to bfloat16, float32 accumulation, float32 result
+    (``medium`` matmul precision; needs :func:`can_pack`).
     """
 
     def __init__(self, linear: torch.nn.Linear, many_rows_bf16: bool = False) -> None:
@@ -114,7 +111,7 @@ class HalfWeightLinear(torch.nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed_bf16 is not None and x.numel() >= BF16_MIN_ROWS * self.in_features:
+        if self.packed_bf16 is not None and medium_allowed():
             out = torch.ops.mkldnn._linear_pointwise(
                 x.to(torch.bfloat16), self.packed_bf16, None, "none", [], ""
             ).float()

@@ -316,8 +316,8 @@ class RagSnapEngine:
         if self.tiers is None:
             roles = prompt_roles(self.tokenizer, layout)
             focus = prompt_focus(self.tokenizer, layout) if uses_focus(options.press) else None
-            prefill = self.runtime.prefill(
-                layout.input_ids, options.press, on_chunk=on_chunk, roles=roles, focus=focus
+            prefill = self.runtime.prefill_prompt(
+                layout, options.press, on_chunk=on_chunk, roles=roles, focus=focus
             )
             report = CacheReport(status="off")
         else:

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from ragsnap import bf16_matmuls
-from ragsnap.bf16_matmuls import LONG_QUERY, bf16_matmuls as bf16_scope
-from ragsnap.bf16_matmuls import mark_attention, resolve_matmul_precision
+from ragsnap.bf16_matmuls import bf16_matmuls as bf16_scope
+from ragsnap.bf16_matmuls import mark_attention, medium_products, resolve_matmul_precision
 from ragsnap.cli import build_parser
-from ragsnap.cpu_linears import BF16_MIN_ROWS, HalfWeightLinear, can_pack, can_pack_half, pack_linears
+from ragsnap.cpu_linears import HalfWeightLinear, can_pack, can_pack_half, pack_linears
 from ragsnap.errors import ModelLoadError
 from ragsnap.runtime.attention import install_runtime_attention
 from tests.tiny_models import random_prompt, tiny_model
@@ -89,22 +89,24 @@ def test_the_scope_restores_the_setting_when_the_last_overlapping_block_leaves()
 
 
 @needs_bf16
-def test_many_rows_multiply_in_bfloat16_and_few_rows_in_half_precision():
+def test_document_passes_multiply_in_bfloat16_and_the_others_in_half_precision():
     torch.manual_seed(0)
     dense = torch.nn.Linear(64, 96)
     layer = HalfWeightLinear(dense, many_rows_bf16=True)
     half = HalfWeightLinear(dense)
-    few = torch.randn(BF16_MIN_ROWS - 1, 64)
-    assert torch.equal(layer(few), half(few))
-    many = torch.randn(2, BF16_MIN_ROWS, 64)
-    got = layer(many)
-    assert got.dtype == torch.float32 and got.shape == (2, BF16_MIN_ROWS, 96)
+    x = torch.randn(2, 24, 64)
+    assert torch.equal(layer(x), half(x))
+    with medium_products():
+        got = layer(x)
+        with medium_products(False):  # a nested exact block
+            assert torch.equal(layer(x), half(x))
+    assert got.dtype == torch.float32 and got.shape == (2, 24, 96)
     # bfloat16 inputs, float32 accumulation, the product rounded to bfloat16
-    product = many.bfloat16().float() @ dense.weight.detach().bfloat16().float().T
+    product = x.bfloat16().float() @ dense.weight.detach().bfloat16().float().T
     rounded = product.bfloat16().float() + dense.bias
     torch.testing.assert_close(got, rounded, rtol=8e-3, atol=1e-3)
-    exact = dense(many).detach()
-    assert (got - exact).abs().max() > (half(many) - exact).abs().max()  # bfloat16 inputs
+    exact = dense(x).detach()
+    assert (got - exact).abs().max() > (half(x) - exact).abs().max()
 
 
 @needs_bf16
@@ -117,31 +119,31 @@ def test_packing_at_medium_leaves_the_lm_head_in_half_precision_only():
     assert isinstance(head, HalfWeightLinear) and head.packed_bf16 is None
 
 
-def test_marked_attention_runs_long_queries_with_bfloat16_products(monkeypatch):
+def test_marked_attention_runs_document_passes_with_bfloat16_products(monkeypatch):
     exact = tiny_model("llama").eval()
     marked = copy.deepcopy(exact)
     for model in (exact, marked):
         install_runtime_attention(model)
     mark_attention(marked)
-    seen: list[tuple[int, str]] = []
+    seen: list[str] = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
-    def spy(query, *args, **kwargs):  # type: ignore[no-untyped-def]
-        seen.append((query.shape[-2], precision()))
-        return sdpa(query, *args, **kwargs)
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(precision())
+        return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
     before = precision()
-    long = torch.tensor([random_prompt(LONG_QUERY, seed=1)])
-    short = long[:, : LONG_QUERY - 1]
+    ids = torch.tensor([random_prompt(64, seed=1)])
     with torch.no_grad():
-        want = exact(long).logits
-        assert {p for _, p in seen} == {before}
-        seen.clear()
-        got = marked(long).logits
-        assert seen and all(p == "bf16" for _, p in seen)
-        seen.clear()
-        marked(short)
-        assert seen and all(p == before for _, p in seen)  # short queries stay exact
-    assert precision() == before
+        with medium_products():
+            want = exact(ids).logits  # an unmarked model is unaffected
+            assert seen and set(seen) == {before}
+            seen.clear()
+            got = marked(ids).logits
+            assert seen and set(seen) == {"bf16"}
+            seen.clear()
+        assert precision() == before
+        marked(ids)  # outside a document pass: exact
+        assert seen and set(seen) == {before}
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)

@@ -116,6 +116,11 @@ def filler_document(tokens: int, seed: int = 0) -> str:
 
 def prompt_of_length(engine: Any, length: int, seed: int = 0) -> list[int]:
     """A chat prompt of exactly ``length`` tokens: notes truncated to fit, the question last."""
+    return layout_of_length(engine, length, seed).input_ids
+
+
+def layout_of_length(engine: Any, length: int, seed: int = 0) -> Any:
+    """The :class:`~ragsnap.prompt.PromptLayout` of :func:`prompt_of_length`."""
     from ragsnap.documents import Document
     from ragsnap.prompt import assemble_prompt
 
@@ -125,7 +130,7 @@ def prompt_of_length(engine: Any, length: int, seed: int = 0) -> list[int]:
         raise ConfigError(
             f"cannot build a {length}-token prompt (got {layout.num_tokens})", field="context"
         )
-    return layout.input_ids
+    return layout
 
 
 def timed_decode(engine: Any, prefills: list[Any], steps: int) -> list[float]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ragsnap.bench.decode import parse_contexts, prompt_of_length
+from ragsnap.bench.decode import layout_of_length, parse_contexts
 from ragsnap.cli.options import add_dtype_option
 from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
@@ -48,10 +48,15 @@ def measure(
     engine: Any, presses: dict[str, Any], contexts: list[int], repeats: int
 ) -> list[dict[str, Any]]:
     """Per context: median prefill seconds per press, median ratio to the first press, and
-    the tokens each press drafted (the last repetition's)."""
+    the tokens each press drafted (the last repetition's). Prompts are prefilled as the
+    engine prefills them (:meth:`~ragsnap.runtime.model_runtime.ModelRuntime.prefill_prompt`)."""
     names = list(presses)
-    prompts = {n: prompt_of_length(engine, n) for n in contexts}
-    engine.runtime.prefill(prompts[contexts[0]], presses[names[0]])  # warm-up
+    layouts = {n: layout_of_length(engine, n) for n in contexts}
+
+    def prefill(n: int, name: str) -> Any:
+        return engine.runtime.prefill_prompt(layouts[n], presses[name])
+
+    prefill(contexts[0], names[0])  # warm-up
     rows = []
     for n in contexts:
         seconds: dict[str, list[float]] = {name: [] for name in names}
@@ -59,7 +64,7 @@ def measure(
         for rep in range(repeats):
             for name in names[rep % len(names) :] + names[: rep % len(names)]:
                 started = time.perf_counter()
-                result = engine.runtime.prefill(prompts[n], presses[name])
+                result = prefill(n, name)
                 seconds[name].append(time.perf_counter() - started)
                 drafted[name] = result.drafted_tokens
             logger.info("context %d, repetition %d/%d", n, rep + 1, repeats)

@@ -51,7 +51,7 @@ from ragsnap.lookup import prompt_focus
 from ragsnap.models import LoadedModel
 from ragsnap.runtime.blend import DEFAULT_SELECTION
 from ragsnap.runtime.kv import cache_nbytes
-from ragsnap.runtime.prefill import PrefillResult, window_floor
+from ragsnap.runtime.prefill import PrefillResult, tail_start
 from ragsnap.runtime.tails import Tail
 from ragsnap.structure import prompt_roles
 
@@ -183,9 +183,7 @@ class CachedPrefill:
     def prefix_start(self, layout: PromptLayout, press: Press) -> int:
         """Where the final forward pass starts when the prefix is reused; 0 = no reuse."""
         reuse = self.prefix_cache or self.documents is not None
-        if not reuse or not press.window_only or not layout.documents:
-            return 0
-        return max(0, min(layout.prefix_len, layout.num_tokens - window_floor(press)))
+        return tail_start(layout, press) if reuse else 0
 
     # -- the request ------------------------------------------------------------------
 
@@ -374,8 +372,8 @@ class CachedPrefill:
         focus = prompt_focus(self.loaded.tokenizer, layout) if uses_focus(press) else None
         report.tier = "cold"
         if start <= 0:
-            return self.runner.prefill(
-                layout.input_ids, press, on_chunk=on_chunk, roles=roles, focus=focus
+            return self.runner.prefill_prompt(
+                layout, press, on_chunk=on_chunk, roles=roles, focus=focus
             )
         prefix_s, prefix_tokens = 0.0, 0  # the document-prefix pass, when this request runs it
         prefix = self._load_prefix(pkey, layout, report) if store and self.prefix_cache else None

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ragsnap.bf16_matmuls import BF16_MATMULS, LONG_QUERY, bf16_matmuls
+from ragsnap.bf16_matmuls import BF16_MATMULS, bf16_matmuls, medium_allowed
 from ragsnap.runtime.causal_sdpa import causal_chunk_sdpa, causal_offset
 
 
@@ -208,7 +208,7 @@ def install_runtime_attention(model: Any) -> str:
     if name not in ALL_ATTENTION_FUNCTIONS:
 
         def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):  # type: ignore[no-untyped-def]
-            if getattr(module, BF16_MATMULS, False) and query.shape[2] >= LONG_QUERY:
+            if getattr(module, BF16_MATMULS, False) and medium_allowed():
                 with bf16_matmuls():
                     return attend(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
             return attend(module, query, key, value, attention_mask, scaling, dropout, **kwargs)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +26,9 @@ from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.prefill import PrefillResult
 from ragsnap.runtime.teacher_force import teacher_force
 from ragsnap.runtime.threads import one_torch_thread
+
+if TYPE_CHECKING:
+    from ragsnap.prompt import PromptLayout
 
 
 class ModelRuntime:
@@ -100,6 +104,44 @@ class ModelRuntime:
             focus=focus,
             stop_ids=self.stop_ids,
         )[0]
+
+    def prefill_prompt(
+        self,
+        layout: PromptLayout,
+        press: Press,
+        *,
+        on_chunk: Callable[[], None] | None = None,
+        roles: torch.Tensor | None = None,
+        focus: torch.Tensor | None = None,
+    ) -> PrefillResult:
+        """:meth:`prefill` of a whole prompt, computed as a prefix hit computes it at
+        ``medium`` matmul precision: the documents' full pass
+        (:meth:`prefill_full`, bfloat16 products), cut back to the tail's start
+        (:func:`~ragsnap.runtime.prefill.tail_start`), then the tail exactly; so an answer
+        does not depend on whether its documents' KV came from the cache. Elsewhere (or
+        with no tail to split off) one :meth:`prefill`."""
+        start = _prefill.tail_start(layout, press)
+        if self.loaded.matmul_precision != "medium" or start <= 0:
+            return self.prefill(
+                layout.input_ids, press, on_chunk=on_chunk, roles=roles, focus=focus
+            )
+        started = time.perf_counter()
+        prefix = self.prefill_full(layout.input_ids[: layout.prefix_len], on_chunk)
+        prefix_s = time.perf_counter() - started
+        with torch.inference_mode():
+            cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
+        result = self.prefill(
+            layout.input_ids,
+            press,
+            cache=self.cache_from(cropped),
+            start=start,
+            on_chunk=on_chunk,
+            roles=roles,
+            focus=focus,
+        )
+        result.prefill_s += prefix_s
+        result.processed_tokens += layout.prefix_len
+        return result
 
     def tails_batchable(self, tails: Sequence[_tails.Tail]) -> bool:
         """Whether :meth:`prefill_tails` can finish ``tails`` together."""

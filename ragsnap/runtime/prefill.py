@@ -12,16 +12,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ragsnap.bf16_matmuls import medium_products
 from ragsnap.compression import CompressedLayer, Press, compression_hooks
 from ragsnap.compression.hooks import query_capture
 from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_nbytes, derive_cache
 from ragsnap.runtime.reserved_cache import reserved
+
+if TYPE_CHECKING:
+    from ragsnap.prompt import PromptLayout
 
 
 def _sync(device: torch.device) -> None:
@@ -95,6 +99,15 @@ def chunk_starts(start: int, length: int, chunk: int | None, window: int) -> lis
 def window_floor(press: Press | None) -> int:
     """Positions the final forward pass must cover for ``press`` (its observation window)."""
     return max(1, int(getattr(press, "window", 1) or 1))
+
+
+def tail_start(layout: PromptLayout, press: Press) -> int:
+    """Where a prompt's tail starts: the first position a prefix hit computes (the question,
+    the generation prompt, and enough of the documents' end for ``press``'s window); 0 when
+    ``press`` needs every query or the prompt has no documents."""
+    if not press.window_only or not layout.documents:
+        return 0
+    return max(0, min(layout.prefix_len, layout.num_tokens - window_floor(press)))
 
 
 @torch.inference_mode()
@@ -238,12 +251,15 @@ def prefill_full(
     chunk: int | None = None,
     on_chunk: Callable[[], None] | None = None,
 ) -> torch.Tensor:
-    """Full KV of ``input_ids`` into ``cache`` (no press), chunked; last logits ``[1, V]``."""
+    """Full KV of ``input_ids`` into ``cache`` (no press), chunked; last logits ``[1, V]``.
+    The pass over a document prefix: it runs inside
+    :func:`~ragsnap.bf16_matmuls.medium_products`."""
     starts = chunk_starts(0, len(input_ids), chunk, 1)
     logits = torch.empty(0)
     with reserved(cache, len(input_ids)):
         for i, (begin, end) in enumerate(zip(starts, [*starts[1:], len(input_ids)], strict=True)):
-            logits = forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+            with medium_products():
+                logits = forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
             if on_chunk is not None and i + 1 < len(starts):
                 on_chunk()
     return logits
