@@ -123,7 +123,7 @@ def bf16_matmuls() -> Iterator[None]:
     runs in bfloat16 (only models at ``medium`` precision enter these blocks).
     """
     global _active, _saved
-    matmul = torch.backends.mkldnn.matmul
+    matmul = torch.backends.mkldnn.matmul  # type: ignore[attr-defined]
     with _lock:
         if _active == 0:
             _saved = matmul.fp32_precision

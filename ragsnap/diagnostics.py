@@ -71,7 +71,7 @@ def diagnose(
     """One prefill, every press: how much of the answer span each layer and head kept."""
     layout = engine.build_prompt(question, documents, GenerationConfig())
     positions = answer_positions(engine, layout, answer)
-    results = engine.runtime.prefill_many(layout.input_ids, presses)
+    results = engine.runtime.prefill_many(layout.input_ids, presses, layout=layout)
     return positions, [
         Diagnosis(press=r.press_config["press"], retention=span_retention(r, positions))
         for r in results

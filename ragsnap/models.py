@@ -204,7 +204,12 @@ def load_model(
     precision = "medium" if medium else "highest"
     commit = getattr(model.config, "_commit_hash", None)
     logger.info(
-        "loaded %s on %s (%s, %s, %s matmul precision)", model_id, target, attn, torch_dtype, precision
+        "loaded %s on %s (%s, %s, %s matmul precision)",
+        model_id,
+        target,
+        attn,
+        torch_dtype,
+        precision,
     )
     return LoadedModel(
         model=model,

@@ -10,7 +10,12 @@ import torch
 
 from ragsnap import bf16_matmuls
 from ragsnap.bf16_matmuls import bf16_matmuls as bf16_scope
-from ragsnap.bf16_matmuls import mark_attention, medium_products, resolve_matmul_precision
+from ragsnap.bf16_matmuls import (
+    mark_attention,
+    medium_allowed,
+    medium_products,
+    resolve_matmul_precision,
+)
 from ragsnap.cli import build_parser
 from ragsnap.cpu_linears import HalfWeightLinear, can_pack, can_pack_half, pack_linears
 from ragsnap.errors import ModelLoadError
@@ -60,9 +65,14 @@ def test_every_model_command_takes_the_precision(monkeypatch):
         args = build_parser().parse_args([*command, "--matmul-precision", "medium"])
         assert args.matmul_precision == "medium"
         assert build_parser().parse_args(command).matmul_precision == "highest"
-    assert build_parser().parse_args(["serve", "--matmul-precision", "medium"]).matmul_precision == "medium"
+    assert (
+        build_parser().parse_args(["serve", "--matmul-precision", "medium"]).matmul_precision
+        == "medium"
+    )
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["bench", "prefill", "--context", "64", "--matmul-precision", "x"])
+        build_parser().parse_args(
+            ["bench", "prefill", "--context", "64", "--matmul-precision", "x"]
+        )
 
 
 def test_the_scope_restores_the_setting_when_the_last_overlapping_block_leaves():
@@ -147,3 +157,41 @@ def test_marked_attention_runs_document_passes_with_bfloat16_products(monkeypatc
         marked(ids)  # outside a document pass: exact
         assert seen and set(seen) == {before}
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+
+
+@needs_bf16
+def test_a_whole_prompt_at_medium_is_computed_as_a_prefix_hit_computes_it():
+    from ragsnap.compression import make_press
+    from ragsnap.documents import Document
+    from ragsnap.engine import RagSnapEngine
+    from ragsnap.models import LoadedModel
+    from ragsnap.prompt import PromptLayout
+    from ragsnap.runtime.prefill import tail_start
+    from tests.tiny_models import tiny_tokenizer
+
+    model = tiny_model("llama").eval()
+    pack_linears(model, many_rows_bf16=True)
+    mark_attention(model)
+    loaded = LoadedModel(model, tiny_tokenizer(), "tiny", "random", CPU, matmul_precision="medium")
+    runtime = RagSnapEngine(loaded).runtime
+    ids = random_prompt(120, seed=2)
+    doc = Document(id="d", title="notes", text="x")
+    layout = PromptLayout(input_ids=ids, prefix_len=100, documents=[doc], doc_spans=[(0, 100)])
+    press = make_press("snapkv", budget=48, window=8)
+    passes: list[tuple[int, bool]] = []  # (positions, in a documents' pass) of layer 0
+    projection = model.model.layers[0].self_attn.q_proj
+    projection.register_forward_pre_hook(
+        lambda _, args: passes.append((args[0].shape[1], medium_allowed()))
+    )
+    whole = runtime.prefill_prompt(layout, press)
+    # the documents in bfloat16; the tail and the press's window queries exact
+    assert passes[:2] == [(100, True), (20, False)]
+    assert not any(documents for _, documents in passes[2:])
+    start = tail_start(layout, press)
+    documents = runtime.prefill_full(ids[: layout.prefix_len])
+    cropped = runtime.cache_from([(k[:, :, :start], v[:, :, :start]) for k, v in documents])
+    hit = runtime.prefill(ids, press, cache=cropped, start=start)
+    assert torch.equal(whole.next_logits, hit.next_logits)
+    for a, b in zip(whole.kept, hit.kept, strict=True):
+        assert torch.equal(a.indices, b.indices)
+    assert whole.processed_tokens == layout.prefix_len + len(ids) - start

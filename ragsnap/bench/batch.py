@@ -309,7 +309,9 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_tails and args.threads < 2:
         raise ConfigError("--compare-tails needs --threads 2 or more", field="threads")
     torch.set_num_threads(args.threads)
-    engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision)
+    engine = RagSnapEngine.load(
+        args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+    )
     if args.compare_tails:
         from ragsnap.compression import make_press
         from ragsnap.runtime.tails import Tail

@@ -134,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--threads must be at least 1", field="threads")
         torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
-        base = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision)
+        base = RagSnapEngine.load(
+            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        )
     scratch = None if args.cache else tempfile.TemporaryDirectory(prefix="ragsnap-bench-cache-")
     store = open_store(args.cache or f"file://{scratch.name}")  # type: ignore[union-attr]
     engine = RagSnapEngine(base.loaded, store=store, storage_dtype=storage_dtype)

@@ -262,7 +262,9 @@ def compare_max_batch(args: argparse.Namespace) -> int:
         ) from None
     torch.set_num_threads(args.threads)
     runs: dict[str, dict[str, Any]] = {}
-    engine = RagSnapEngine.load(args.model, device="cpu", dtype=args.dtype, matmul_precision=args.matmul_precision)
+    engine = RagSnapEngine.load(
+        args.model, device="cpu", dtype=args.dtype, matmul_precision=args.matmul_precision
+    )
     for value in values:
         with tempfile.TemporaryDirectory() as folder:
             engine = RagSnapEngine(engine.loaded, store=open_store(f"file://{folder}"))

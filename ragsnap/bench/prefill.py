@@ -97,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--press is empty", field="press")
     presses = {name: make_press(name, budget=args.budget) for name in dict.fromkeys(names)}
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision)
+        engine = RagSnapEngine.load(
+            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        )
     rows = measure(engine, presses, contexts, args.repeats)
     report = {
         "model": engine.loaded.model_id,

@@ -148,7 +148,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision)
+        engine = RagSnapEngine.load(
+            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        )
     runtime, tokenizer = engine.runtime, engine.tokenizer
     press = make_press(args.press, budget=args.budget, window=args.window)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)

@@ -204,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.data.exists():
         raise ConfigError(f"--data: {args.data} does not exist", field="data")
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision)
+        engine = RagSnapEngine.load(
+            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        )
     prepared = prepare(engine, args)
     rows = measure(engine, prepared, levels, modes, args.repeats)
     report = {

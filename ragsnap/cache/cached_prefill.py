@@ -82,6 +82,16 @@ class PrefillRunner(DocumentRunner, Protocol):
         focus: torch.Tensor | None = None,
     ) -> PrefillResult: ...
 
+    def prefill_prompt(
+        self,
+        layout: PromptLayout,
+        press: Press,
+        *,
+        on_chunk: Callable[[], None] | None = None,
+        roles: torch.Tensor | None = None,
+        focus: torch.Tensor | None = None,
+    ) -> PrefillResult: ...
+
     def prefill_full(
         self, input_ids: Sequence[int], on_chunk: Callable[[], None] | None = None
     ) -> Layers: ...

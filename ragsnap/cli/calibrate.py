@@ -56,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
     request.validate()
     previous = LayerProfile.load(args.out) if args.out.exists() else None
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision)
+        engine = RagSnapEngine.load(
+            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        )
     items = load_request_items(engine, request).items[args.skip : args.skip + args.limit]
     profile = calibrate_layers(
         engine,

@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
     documents = load_documents(args.docs)
     presses = [make_press(name.strip(), budget=args.budget) for name in args.press.split(",")]
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision)
+        engine = RagSnapEngine.load(
+            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        )
     positions, diagnoses = diagnose(engine, args.question, documents, args.answer, presses)
     plot_retention(diagnoses, args.answer, args.out)
     print(

@@ -170,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
     request.validate()  # bad input fails before the model loads: options,
     request.check_data()  # and data that does not parse as the (guessed) format
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision)
+        engine = RagSnapEngine.load(
+            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        )
     result = evaluate(engine, request)
     print(
         f"evaluated {result.evaluated} items ({result.resumed} already done, "

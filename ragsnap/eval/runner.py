@@ -138,7 +138,9 @@ def evaluate_item(
     roles = prompt_roles(engine.tokenizer, layout)
     presses = [g.instance for g in grid]
     focus = prompt_focus(engine.tokenizer, layout) if uses_focus(*presses) else None
-    results = engine.runtime.prefill_many(layout.input_ids, presses, roles=roles, focus=focus)
+    results = engine.runtime.prefill_many(
+        layout.input_ids, presses, roles=roles, focus=focus, layout=layout
+    )
     stop = answer_stopper(item, engine.tokenizer)
     compressed = [
         i

@@ -210,7 +210,9 @@ def install_runtime_attention(model: Any) -> str:
         def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):  # type: ignore[no-untyped-def]
             if getattr(module, BF16_MATMULS, False) and medium_allowed():
                 with bf16_matmuls():
-                    return attend(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+                    return attend(
+                        module, query, key, value, attention_mask, scaling, dropout, **kwargs
+                    )
             return attend(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
 
         def attend(module, query, key, value, attention_mask, scaling, dropout, **kwargs):  # type: ignore[no-untyped-def]

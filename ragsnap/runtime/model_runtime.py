@@ -114,34 +114,43 @@ class ModelRuntime:
         roles: torch.Tensor | None = None,
         focus: torch.Tensor | None = None,
     ) -> PrefillResult:
-        """:meth:`prefill` of a whole prompt, computed as a prefix hit computes it at
-        ``medium`` matmul precision: the documents' full pass
-        (:meth:`prefill_full`, bfloat16 products), cut back to the tail's start
-        (:func:`~ragsnap.runtime.prefill.tail_start`), then the tail exactly; so an answer
-        does not depend on whether its documents' KV came from the cache. Elsewhere (or
-        with no tail to split off) one :meth:`prefill`."""
-        start = _prefill.tail_start(layout, press)
-        if self.loaded.matmul_precision != "medium" or start <= 0:
-            return self.prefill(
-                layout.input_ids, press, on_chunk=on_chunk, roles=roles, focus=focus
-            )
-        started = time.perf_counter()
-        prefix = self.prefill_full(layout.input_ids[: layout.prefix_len], on_chunk)
-        prefix_s = time.perf_counter() - started
-        with torch.inference_mode():
-            cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
+        """:meth:`prefill` of a whole prompt as the engine runs it (see
+        :meth:`_documents_first`)."""
+        cache, start, documents_s = self._documents_first(layout, [press], on_chunk)
         result = self.prefill(
             layout.input_ids,
             press,
-            cache=self.cache_from(cropped),
+            cache=cache,
             start=start,
             on_chunk=on_chunk,
             roles=roles,
             focus=focus,
         )
-        result.prefill_s += prefix_s
-        result.processed_tokens += layout.prefix_len
-        return result
+        return _with_documents(result, documents_s, layout.prefix_len if start else 0)
+
+    def _documents_first(
+        self,
+        layout: PromptLayout | None,
+        presses: Sequence[Press],
+        on_chunk: Callable[[], None] | None,
+    ) -> tuple[Any, int, float]:
+        """At ``medium`` matmul precision a whole prompt is computed as a prefix hit
+        computes it: the documents' full pass (:meth:`prefill_full`, bfloat16 products),
+        cut back to the tail's start (:func:`~ragsnap.runtime.prefill.tail_start`, the
+        earliest of ``presses``'), and then the tail exactly; so an answer does not depend on
+        whether its documents' KV came from the cache. Returns the cache holding the
+        documents' part, where the tail starts and the documents' seconds; a new cache and
+        0 elsewhere, or when there is no tail to split off."""
+        if layout is None or self.loaded.matmul_precision != "medium":
+            return self.new_cache(), 0, 0.0
+        start = min((_prefill.tail_start(layout, p) for p in presses), default=0)
+        if start <= 0:
+            return self.new_cache(), 0, 0.0
+        started = time.perf_counter()
+        prefix = self.prefill_full(layout.input_ids[: layout.prefix_len], on_chunk)
+        with torch.inference_mode():
+            cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
+        return self.cache_from(cropped), start, time.perf_counter() - started
 
     def tails_batchable(self, tails: Sequence[_tails.Tail]) -> bool:
         """Whether :meth:`prefill_tails` can finish ``tails`` together."""
@@ -213,19 +222,26 @@ class ModelRuntime:
         presses: Sequence[Press],
         roles: torch.Tensor | None = None,
         focus: torch.Tensor | None = None,
+        layout: PromptLayout | None = None,
     ) -> list[PrefillResult]:
-        """One prefill, several presses: each result has its own compressed cache."""
-        return _prefill.prefill(
+        """One prefill, several presses: each result has its own compressed cache. Given
+        the prompt's ``layout`` (of ``input_ids``), it is computed as the engine computes it
+        (:meth:`_documents_first`)."""
+        cache, start, documents_s = self._documents_first(layout, presses, None)
+        results = _prefill.prefill(
             self.model,
             self.cache_kwarg,
             input_ids,
             presses,
-            cache=self.new_cache(),
+            cache=cache,
+            start=start,
             word_starts=word_starts(self.tokenizer, input_ids),
             roles=roles,
             focus=focus,
             stop_ids=self.stop_ids,
         )
+        documents = layout.prefix_len if start and layout is not None else 0
+        return [_with_documents(r, documents_s, documents) for r in results]
 
     def prefill_full(
         self, input_ids: Sequence[int], on_chunk: Callable[[], None] | None = None
@@ -317,3 +333,10 @@ class ModelRuntime:
         """Attention ``[n, L]`` of each answer token's query on the prompt positions the
         press kept (mean over heads and ``layers``; one pass, see ``runtime.answer_attention``)."""
         return answer_attention(self.model, self.cache_kwarg, self.windows, prefill, tokens, layers)
+
+
+def _with_documents(result: PrefillResult, seconds: float, tokens: int) -> PrefillResult:
+    """``result`` with the documents' pass of :meth:`ModelRuntime._documents_first` counted."""
+    result.prefill_s += seconds
+    result.processed_tokens += tokens
+    return result
