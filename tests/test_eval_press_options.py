@@ -77,6 +77,7 @@ def test_press_options_reach_every_press_and_settings(tiny, tmp_path):
     prov = settings["provenance"]
     assert prov["model"] == "tiny-llama" and prov["threads"] >= 1 and prov["torch"]
     assert prov["dtype"].startswith("torch.") and prov["device"] == "cpu"
+    assert prov["matmul_precision"] == "highest"  # a tiny engine built in place
     assert prov["checkout"] is None or len(prov["checkout"]["commit"]) >= 7
     assert len(prov["layer_profile_digest"]) == 16
     assert prov["command"][:2] == ["ragsnap", "eval"] and "--kernel" in prov["command"]

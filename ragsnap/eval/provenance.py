@@ -75,6 +75,7 @@ def provenance(
         "model_revision": getattr(loaded, "revision", None),
         "device": str(getattr(engine, "device", "")),
         "dtype": str(getattr(getattr(loaded, "model", None), "dtype", "")) or None,
+        "matmul_precision": getattr(loaded, "matmul_precision", None),
         "threads": torch.get_num_threads(),
         "grid": list(grid_configs),
         "layer_profile": layer_profile or "auto",
