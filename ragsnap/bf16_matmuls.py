@@ -8,7 +8,7 @@ prefix tier's full pass, and the chunks of a whole-prompt prefill before the tai
 their products in bfloat16:
 
 - linear layers: oneDNN-packed bfloat16 weights
-  (:class:`~ragsnap.cpu_linears.HalfWeightLinear` with ``many_rows_bf16``; activations
+  (:class:`~ragsnap.cpu_linears.HalfWeightLinear` with ``documents_bf16``; activations
   and outputs rounded to bfloat16, as a bfloat16 model's are; the LM head is exempt);
 - attention: the CPU sdpa kernel runs its query-key and probability-value products
   through oneDNN in bfloat16 (``torch.backends.mkldnn.matmul.fp32_precision = "bf16"``

@@ -89,13 +89,13 @@ class HalfWeightLinear(torch.nn.Module):
     beyond float32 rounding). The packed weight (and
     the bias, packed with it) is an opaque fbgemm object, outside ``state_dict``.
 
-    ``many_rows_bf16``: also keep the weight oneDNN-packed in bfloat16 and multiply with it
+    ``documents_bf16``: also keep the weight oneDNN-packed in bfloat16 and multiply with it
     inside :func:`~ragsnap.bf16_matmuls.medium_products` (the documents' passes):
     activations and product rounded to bfloat16, float32 accumulation, float32 result
     (``medium`` matmul precision; needs :func:`can_pack`).
     """
 
-    def __init__(self, linear: torch.nn.Linear, many_rows_bf16: bool = False) -> None:
+    def __init__(self, linear: torch.nn.Linear, documents_bf16: bool = False) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
@@ -105,7 +105,7 @@ class HalfWeightLinear(torch.nn.Module):
             self.packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
             self.packed_bf16 = (
                 torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), 1)
-                if many_rows_bf16
+                if documents_bf16
                 else None
             )
         self.bias = linear.bias
@@ -123,10 +123,10 @@ class HalfWeightLinear(torch.nn.Module):
         return torch.ops.quantized.linear_unpack_fp16(self.packed)[0]
 
     def extra_repr(self) -> str:
-        many = ", bfloat16 for many rows" if self.packed_bf16 is not None else ""
+        documents = ", bfloat16 for documents" if self.packed_bf16 is not None else ""
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"fbgemm half-precision weight{many}"
+            f"fbgemm half-precision weight{documents}"
         )
 
 
@@ -167,11 +167,11 @@ def can_pack_half() -> bool:
     return True
 
 
-def pack_linears(model: torch.nn.Module, many_rows_bf16: bool = False) -> int:
+def pack_linears(model: torch.nn.Module, documents_bf16: bool = False) -> int:
     """Replace the ``nn.Linear`` layers of a CPU ``model`` by packed ones, in place: bfloat16
     weights by :class:`PackedLinear`, float32 ones by :class:`HalfWeightLinear`
-    (``many_rows_bf16``: with a bfloat16 copy for many rows, except the LM head, whose
-    logits stay as exact as without it; ignored where :func:`can_pack` is false).
+    (``documents_bf16``: with a bfloat16 copy for the documents' passes, except the LM
+    head, whose logits stay as exact as without it; ignored where :func:`can_pack` is false).
 
     Returns how many were replaced (0 when this build or CPU cannot pack the model's dtype;
     a layer whose packing fails is left as it was).
@@ -181,19 +181,24 @@ def pack_linears(model: torch.nn.Module, many_rows_bf16: bool = False) -> int:
         packers[torch.bfloat16] = PackedLinear
     if can_pack_half():
         packers[torch.float32] = functools.partial(
-            HalfWeightLinear, many_rows_bf16=many_rows_bf16 and can_pack()
+            HalfWeightLinear, documents_bf16=documents_bf16 and can_pack()
         )
     head = getattr(model, "get_output_embeddings", lambda: None)()
     targets = [
-        (parent, name, child, packers[child.weight.dtype])
+        (
+            parent,
+            name,
+            child,
+            HalfWeightLinear
+            if child is head and child.weight.dtype == torch.float32
+            else packers[child.weight.dtype],
+        )
         for parent in model.modules()
         for name, child in parent.named_children()
         if type(child) is torch.nn.Linear and child.weight.dtype in packers
     ]
     packed = 0
     for parent, name, child, packer in targets:
-        if child is head and isinstance(packer, functools.partial):
-            packer = HalfWeightLinear
         try:
             setattr(parent, name, packer(child))
         except RuntimeError as exc:  # an unsupported shape on this build: keep it dense

@@ -196,7 +196,7 @@ def load_model(
     model, tokenizer = loaded
     model.to(device=target, dtype=torch_dtype).eval()
     if target.type == "cpu":
-        cpu_linears.pack_linears(model, many_rows_bf16=medium)
+        cpu_linears.pack_linears(model, documents_bf16=medium)
         if torch_dtype == torch.float32:  # any linear left dense
             cpu_linears.column_major_linears(model)
     if medium:

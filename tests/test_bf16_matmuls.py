@@ -102,7 +102,7 @@ def test_the_scope_restores_the_setting_when_the_last_overlapping_block_leaves()
 def test_document_passes_multiply_in_bfloat16_and_the_others_in_half_precision():
     torch.manual_seed(0)
     dense = torch.nn.Linear(64, 96)
-    layer = HalfWeightLinear(dense, many_rows_bf16=True)
+    layer = HalfWeightLinear(dense, documents_bf16=True)
     half = HalfWeightLinear(dense)
     x = torch.randn(2, 24, 64)
     assert torch.equal(layer(x), half(x))
@@ -122,7 +122,7 @@ def test_document_passes_multiply_in_bfloat16_and_the_others_in_half_precision()
 @needs_bf16
 def test_packing_at_medium_leaves_the_lm_head_in_half_precision_only():
     model = tiny_model("llama").eval()
-    pack_linears(model, many_rows_bf16=True)
+    pack_linears(model, documents_bf16=True)
     head = model.get_output_embeddings()
     layers = [m for m in model.modules() if isinstance(m, HalfWeightLinear) and m is not head]
     assert layers and all(m.packed_bf16 is not None for m in layers)
@@ -170,7 +170,7 @@ def test_a_whole_prompt_at_medium_is_computed_as_a_prefix_hit_computes_it():
     from tests.tiny_models import tiny_tokenizer
 
     model = tiny_model("llama").eval()
-    pack_linears(model, many_rows_bf16=True)
+    pack_linears(model, documents_bf16=True)
     mark_attention(model)
     loaded = LoadedModel(model, tiny_tokenizer(), "tiny", "random", CPU, matmul_precision="medium")
     runtime = RagSnapEngine(loaded).runtime
