@@ -79,11 +79,13 @@ def resolve_matmul_precision(precision: str, device: torch.device, dtype: torch.
     applies = device.type == "cpu" and dtype == torch.float32
     if precision == "highest" or not applies:
         return False
-    runnable = can_pack() and can_pack_half()
+    # older torch releases have no per-backend float32 precision to hand the attention kernel
+    setting = getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", None)
+    runnable = setting is not None and can_pack() and can_pack_half()
     if precision == "medium" and not runnable:
         raise ModelLoadError(
             "matmul precision 'medium' needs oneDNN bfloat16 and fbgemm on this CPU "
-            "(use highest or auto)"
+            "and a torch with torch.backends.mkldnn.matmul.fp32_precision (use highest or auto)"
         )
     return runnable and (precision == "medium" or avx512_bf16())
 
