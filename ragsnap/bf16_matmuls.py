@@ -3,9 +3,11 @@
 A float32 model keeps float32 weights (half-precision packed, :mod:`ragsnap.cpu_linears`),
 activations, norms, KV cache and softmax. At ``medium`` precision (torch's name for
 products with bfloat16 inputs and float32 accumulation, as ``set_float32_matmul_precision``
-uses it), the passes over a prompt's document prefix (:func:`medium_products`: the
-prefix tier's full pass, and the chunks of a whole-prompt prefill before the tail) run
-their products in bfloat16:
+uses it), the pass over a prompt's documents
+(:func:`~ragsnap.runtime.prefill.prefill_full` inside :func:`medium_products`: the prefix
+tier's pass, which a whole prompt also runs first, see
+:meth:`~ragsnap.runtime.model_runtime.ModelRuntime.prefill_prompt`) runs its products in
+bfloat16:
 
 - linear layers: oneDNN-packed bfloat16 weights
   (:class:`~ragsnap.cpu_linears.HalfWeightLinear` with ``documents_bf16``; activations
