@@ -195,3 +195,22 @@ def test_a_whole_prompt_at_medium_is_computed_as_a_prefix_hit_computes_it():
     for a, b in zip(whole.kept, hit.kept, strict=True):
         assert torch.equal(a.indices, b.indices)
     assert whole.processed_tokens == layout.prefix_len + len(ids) - start
+
+
+def test_decode_steps_between_document_chunks_run_outside_the_documents_pass():
+    from ragsnap.runtime.prefill import prefill_full
+    from tests.tiny_models import tiny_engine
+
+    runtime = tiny_engine("llama").runtime
+    inside: list[bool] = []  # what the scheduler's decode steps would see
+    cache = runtime.new_cache()
+    prefill_full(
+        runtime.model,
+        runtime.cache_kwarg,
+        random_prompt(50),
+        cache,
+        chunk=16,
+        on_chunk=lambda: inside.append(medium_allowed()),
+    )
+    assert inside == [False, False, False]  # after chunks 1-3 of 4
+    assert cache.get_seq_length() == 50
