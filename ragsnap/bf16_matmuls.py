@@ -27,9 +27,10 @@ float32 kernels run AVX2 code on this CPU; oneDNN's bfloat16 ones AVX512-BF16). 
 products are not faster this way (8 rows x 1 query over 2.3K keys: 1.0 ms in float32, 11
 ms with bfloat16 products), which is one more reason the decode steps stay float32.
 
-``auto`` picks ``medium`` for float32 models on CPUs that report AVX512-BF16 and whose
-torch build packs bfloat16 weights, ``highest`` elsewhere (and for every other dtype, whose
-products already run in that dtype).
+:func:`ragsnap.models.resolve_matmul_precision` decides: ``auto`` picks ``medium`` for
+float32 models on CPUs that report AVX512-BF16 and whose torch build packs bfloat16
+weights, ``highest`` elsewhere (and for every other dtype, whose products already run in
+that dtype).
 """
 
 from __future__ import annotations
@@ -38,13 +39,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from pathlib import Path
 
 import torch
 
-from ragsnap.errors import ModelLoadError
-
-PRECISIONS = ("auto", "highest", "medium")
 # attribute of an attention module of a model at medium precision
 BF16_MATMULS = "ragsnap_bf16_matmuls"
 # whether this thread's passes are over document positions (see medium_products)
@@ -53,43 +50,6 @@ _DOCUMENTS: ContextVar[bool] = ContextVar("ragsnap_medium_products", default=Fal
 _lock = threading.Lock()
 _active = 0
 _saved: str | None = None
-
-
-def avx512_bf16() -> bool:
-    """Whether this CPU reports AVX512-BF16 (Linux; False where /proc/cpuinfo is unreadable)."""
-    try:
-        return " avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
-def resolve_matmul_precision(precision: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether a model on ``device`` in ``dtype`` runs at ``medium`` precision.
-
-    ``precision``: ``auto``, ``highest`` or ``medium``. ``medium`` applies to float32 CPU
-    models only (elsewhere the products already run in the model's dtype, or on CUDA in
-    its own kernels) and needs a torch build and CPU that pack bfloat16 weights.
-
-    Raises ModelLoadError for an unknown value, or ``medium`` where it cannot run.
-    """
-    from ragsnap.cpu_linears import can_pack, can_pack_half
-
-    if precision not in PRECISIONS:
-        raise ModelLoadError(
-            f"unknown matmul precision {precision!r} (choose {', '.join(PRECISIONS)})"
-        )
-    applies = device.type == "cpu" and dtype == torch.float32
-    if precision == "highest" or not applies:
-        return False
-    # older torch releases have no per-backend float32 precision to hand the attention kernel
-    setting = getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", None)
-    runnable = setting is not None and can_pack() and can_pack_half()
-    if precision == "medium" and not runnable:
-        raise ModelLoadError(
-            "matmul precision 'medium' needs oneDNN bfloat16 and fbgemm on this CPU "
-            "and a torch with torch.backends.mkldnn.matmul.fp32_precision (use highest or auto)"
-        )
-    return runnable and (precision == "medium" or avx512_bf16())
 
 
 @contextmanager

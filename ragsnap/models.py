@@ -105,13 +105,54 @@ def resolve_device(device: str = "auto") -> torch.device:
     return target
 
 
+def _cpu_flags() -> str:
+    """This CPU's feature flags as /proc/cpuinfo lists them ('' where it is unreadable)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def bf16_matrix_units() -> bool:
     """Whether this CPU multiplies bfloat16 matrices in hardware (Intel AMX, Linux)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = _cpu_flags()
     return " amx_bf16" in flags and " avx512_bf16" in flags
+
+
+def avx512_bf16() -> bool:
+    """Whether this CPU reports AVX512-BF16 (Linux)."""
+    return " avx512_bf16" in _cpu_flags()
+
+
+MATMUL_PRECISIONS = ("auto", "highest", "medium")
+
+
+def resolve_matmul_precision(precision: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model on ``device`` in ``dtype`` runs at ``medium`` precision
+    (:mod:`ragsnap.bf16_matmuls`).
+
+    ``precision``: ``auto``, ``highest`` or ``medium``. ``medium`` applies to float32 CPU
+    models only (elsewhere the products already run in the model's dtype, or on CUDA in
+    its own kernels) and needs a torch build and CPU that pack bfloat16 weights.
+
+    Raises ModelLoadError for an unknown value, or ``medium`` where it cannot run.
+    """
+    if precision not in MATMUL_PRECISIONS:
+        raise ModelLoadError(
+            f"unknown matmul precision {precision!r} (choose {', '.join(MATMUL_PRECISIONS)})"
+        )
+    applies = device.type == "cpu" and dtype == torch.float32
+    if precision == "highest" or not applies:
+        return False
+    # older torch releases have no per-backend float32 precision to hand the attention kernel
+    setting = getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", None)
+    runnable = setting is not None and cpu_linears.can_pack() and cpu_linears.can_pack_half()
+    if precision == "medium" and not runnable:
+        raise ModelLoadError(
+            "matmul precision 'medium' needs oneDNN bfloat16 and fbgemm on this CPU "
+            "and a torch with torch.backends.mkldnn.matmul.fp32_precision (use highest or auto)"
+        )
+    return runnable and (precision == "medium" or avx512_bf16())
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -174,7 +215,7 @@ def load_model(
         source, gguf_file, model_id = str(path.parent), path.name, path.name
     gguf = Path(source) / gguf_file if gguf_file else None
     torch_dtype = resolve_dtype(dtype, target)
-    medium = bf16_matmuls.resolve_matmul_precision(matmul_precision, target, torch_dtype)
+    medium = resolve_matmul_precision(matmul_precision, target, torch_dtype)
     # GGUF weights are dequantized (and kept converted) in float32, then cast
     load_dtype = torch.float32 if gguf is not None else torch_dtype
     kwargs: dict[str, Any] = {"dtype": load_dtype, "attn_implementation": attn}

@@ -1,4 +1,4 @@
-"""``medium`` matmul precision: float32 models whose long products take bfloat16 inputs."""
+"""``medium`` matmul precision: float32 models whose documents' passes run bfloat16 products."""
 
 from __future__ import annotations
 
@@ -8,17 +8,17 @@ import threading
 import pytest
 import torch
 
-from ragsnap import bf16_matmuls
+from ragsnap import models
 from ragsnap.bf16_matmuls import bf16_matmuls as bf16_scope
 from ragsnap.bf16_matmuls import (
     mark_attention,
     medium_allowed,
     medium_products,
-    resolve_matmul_precision,
 )
 from ragsnap.cli import build_parser
 from ragsnap.cpu_linears import HalfWeightLinear, can_pack, can_pack_half, pack_linears
 from ragsnap.errors import ModelLoadError
+from ragsnap.models import resolve_matmul_precision
 from ragsnap.runtime.attention import install_runtime_attention
 from tests.tiny_models import random_prompt, tiny_model
 
@@ -37,10 +37,10 @@ def test_medium_is_for_float32_cpu_models_and_auto_follows_the_cpu(monkeypatch):
 
     monkeypatch.setattr(cpu_linears, "can_pack", lambda: True)
     monkeypatch.setattr(cpu_linears, "can_pack_half", lambda: True)
-    monkeypatch.setattr(bf16_matmuls, "avx512_bf16", lambda: False)
+    monkeypatch.setattr(models, "avx512_bf16", lambda: False)
     assert not resolve_matmul_precision("auto", CPU, torch.float32)
     assert resolve_matmul_precision("medium", CPU, torch.float32)  # asked for: honoured
-    monkeypatch.setattr(bf16_matmuls, "avx512_bf16", lambda: True)
+    monkeypatch.setattr(models, "avx512_bf16", lambda: True)
     assert resolve_matmul_precision("auto", CPU, torch.float32)
     assert not resolve_matmul_precision("highest", CPU, torch.float32)
     assert not resolve_matmul_precision("medium", CPU, torch.bfloat16)  # already bfloat16
@@ -53,7 +53,7 @@ def test_medium_where_it_cannot_run_and_unknown_values_are_refused(monkeypatch):
     with pytest.raises(ModelLoadError, match="'low'"):
         resolve_matmul_precision("low", CPU, torch.float32)
     monkeypatch.setattr(cpu_linears, "can_pack", lambda: False)
-    monkeypatch.setattr(bf16_matmuls, "avx512_bf16", lambda: True)
+    monkeypatch.setattr(models, "avx512_bf16", lambda: True)
     assert not resolve_matmul_precision("auto", CPU, torch.float32)
     with pytest.raises(ModelLoadError, match="medium.*highest or auto"):
         resolve_matmul_precision("medium", CPU, torch.float32)

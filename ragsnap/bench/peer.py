@@ -329,8 +329,7 @@ def ragsnap_matmul_precision(args: argparse.Namespace) -> str:
     """``--matmul-precision`` as ``ragsnap serve`` resolves it on this machine."""
     import torch
 
-    from ragsnap.bf16_matmuls import resolve_matmul_precision
-    from ragsnap.models import resolve_dtype
+    from ragsnap.models import resolve_dtype, resolve_matmul_precision
 
     cpu = torch.device("cpu")
     medium = resolve_matmul_precision(args.matmul_precision, cpu, resolve_dtype(args.dtype, cpu))
