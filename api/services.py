@@ -85,6 +85,7 @@ def load_engine(settings: Settings) -> RagSnapEngine:
         document_cache=settings.document_cache,
         recompute_share=settings.reuse_recompute,
         prefix_memory_bytes=settings.prefix_memory_mb << 20,
+        hit_memory_bytes=settings.hit_memory_mb << 20,
         speculate=settings.speculate,
         speculate_ngrams=settings.speculate_ngrams,
         commit_lookahead=settings.commit_lookahead,

@@ -63,6 +63,12 @@ class Settings(BaseSettings):
         description="MiB of document prefixes kept in this process's memory in front of the "
         "store (a new question over documents just seen skips the store read); 0 = off",
     )
+    hit_memory_mb: int = Field(
+        default=256,
+        ge=0,
+        description="MiB of compressed entries kept loaded in this process's memory once read "
+        "or written (a repeated request skips the store read); 0 = off",
+    )
     reserve_prefix_tokens: int = Field(
         default=3072,
         ge=0,

@@ -10,7 +10,12 @@ from typing import Any
 
 import torch
 
-from ragsnap.cache.cached_prefill import DEFAULT_PREFIX_MEMORY_BYTES, CachedPrefill, PrefixHit
+from ragsnap.cache.cached_prefill import (
+    DEFAULT_HIT_MEMORY_BYTES,
+    DEFAULT_PREFIX_MEMORY_BYTES,
+    CachedPrefill,
+    PrefixHit,
+)
 from ragsnap.cache.document_tier import DEFAULT_RECOMPUTE_SHARE
 from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import parse_dtype
@@ -138,6 +143,7 @@ class RagSnapEngine:
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
         recompute_select: str = DEFAULT_SELECTION,
         prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
+        hit_memory_bytes: int = DEFAULT_HIT_MEMORY_BYTES,
         speculate: int = 0,
         speculate_ngrams: bool = False,
         commit_lookahead: bool = False,
@@ -150,7 +156,8 @@ class RagSnapEngine:
         CacheBlend's layer-1 KV deviation, ``"both"``);
         ``storage_dtype`` (e.g. ``"bfloat16"``) stores KV smaller than the model computes it;
         ``prefix_memory_bytes`` of recently used document prefixes stay in memory in front
-        of the store (0: off);
+        of the store (0: off), and ``hit_memory_bytes`` of recently read or written
+        compressed entries (0: off);
         ``prefill_chunk`` prefills in chunks of that many tokens (None: one pass);
         ``speculate`` lets a greedy answer feed up to that many drafted tokens per decode
         step (0: off here; ``ragsnap serve`` and ``ask`` use 8; the answers stay those of
@@ -187,6 +194,7 @@ class RagSnapEngine:
                 recompute_share=recompute_share,
                 recompute_select=recompute_select,
                 prefix_memory_bytes=prefix_memory_bytes,
+                hit_memory_bytes=hit_memory_bytes,
             )
 
     @classmethod
@@ -201,6 +209,7 @@ class RagSnapEngine:
         document_cache: bool = False,
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
         prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
+        hit_memory_bytes: int = DEFAULT_HIT_MEMORY_BYTES,
         speculate: int = 0,
         speculate_ngrams: bool = False,
         commit_lookahead: bool = False,
@@ -216,6 +225,7 @@ class RagSnapEngine:
             document_cache=document_cache,
             recompute_share=recompute_share,
             prefix_memory_bytes=prefix_memory_bytes,
+            hit_memory_bytes=hit_memory_bytes,
             speculate=speculate,
             speculate_ngrams=speculate_ngrams,
             commit_lookahead=commit_lookahead,

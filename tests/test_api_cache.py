@@ -20,7 +20,8 @@ def base_url(engine, tmp_path_factory):
     from ragsnap.engine import RagSnapEngine
 
     store = open_store(f"file://{tmp_path_factory.mktemp('kv')}")
-    cached = RagSnapEngine(engine.loaded, store=store)  # the same loaded model, with a store
+    # the same loaded model, with a store and no loaded entries (hits read the store)
+    cached = RagSnapEngine(engine.loaded, store=store, hit_memory_bytes=0)
     with running_server(create_app(Settings(api_keys=",".join(KEYS)), engine=cached)) as url:
         yield url
 

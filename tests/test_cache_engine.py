@@ -95,7 +95,7 @@ def redis_engine(engine, url: str, **kwargs) -> RagSnapEngine:
 
 
 def test_hit_loads_bit_identical_kv_and_answers_exactly_as_the_miss(engine, redis_server, ns, cold):
-    eng = redis_engine(engine, redis_server.url)
+    eng = redis_engine(engine, redis_server.url, hit_memory_bytes=0)  # every hit reads Redis
     layout = eng.build_prompt(Q1, DOCS, options().generation, order="given")
     press = options().press
     missed, miss_report = eng.tiers.prefill(layout, press, Q1, ns)
@@ -123,8 +123,11 @@ def test_damaged_entry_is_a_miss_cleaned_up_and_recomputed(
     engine, redis_server, ns, damage, caplog
 ):
     store = RedisKVStore.from_url(redis_server.url + "?chunk_bytes=65536")
-    # the exact tier alone: neither the prefix nor the per-document tier may serve the retry
-    eng = RagSnapEngine(engine.loaded, store=store, prefix_cache=False, document_cache=False)
+    # the exact tier alone: neither the prefix nor the per-document tier nor a loaded copy
+    # may serve the retry
+    eng = RagSnapEngine(
+        engine.loaded, store=store, prefix_cache=False, document_cache=False, hit_memory_bytes=0
+    )
     first = ask(eng, Q1, ns)
     key = eng.tiers.entry_keys(
         eng.build_prompt(Q1, DOCS, options().generation, order="given"), options().press, Q1, ns
@@ -153,13 +156,15 @@ def test_redis_killed_between_requests_then_restarted(engine, redis_factory, ns,
     eng = RagSnapEngine(engine.loaded, store=RedisKVStore(server.url, backoff_s=0.0))
     assert ask(eng, Q1, ns).stats.cache == "miss"
     server.stop()
-    down = ask(eng, Q1, ns)
-    assert down.stats.cache == "unavailable" and down.answer == cold(Q1)
+    kept = ask(eng, Q1, ns)  # the entry outlived Redis in this process's memory
+    assert kept.stats.cache == "hit" and kept.answer == cold(Q1)
+    down = ask(eng, Q2, ns)
+    assert down.stats.cache == "unavailable" and down.answer == cold(Q2)
     assert down.stats.cache_bytes_written == 0
     server.start()  # the same port, empty
     # the documents' prefix outlived Redis in this process's memory: only the tail runs
-    assert ask(eng, Q1, ns).stats.cache == "prefix-hit"
-    assert ask(eng, Q1, ns).stats.cache == "hit"
+    assert ask(eng, Q2, ns).stats.cache == "prefix-hit"
+    assert ask(eng, Q2, ns).stats.cache == "hit"
 
 
 def test_unreachable_at_start_still_answers(engine, ns, cold):

@@ -80,7 +80,10 @@ def test_tampered_entry_is_a_miss_deleted_and_the_answer_is_the_cold_one(
     url = f"file://{tmp_path}" if backend == "file" else redis_server.url
     store = open_store(url, key=secret or "")
     ns = uuid.uuid4().hex[:12]
-    eng = RagSnapEngine(engine.loaded, store=store, prefix_cache=False, document_cache=False)
+    # the store alone: no prefix tiers, and no copy of the entry kept loaded in memory
+    eng = RagSnapEngine(
+        engine.loaded, store=store, prefix_cache=False, document_cache=False, hit_memory_bytes=0
+    )
     cold = ask(eng, Q1, ns)
     assert cold.stats.cache == "miss"
     entries = _raw_entries(store, ns)

@@ -41,6 +41,17 @@ def test_lookup_drafts_what_followed_the_longest_latest_match() -> None:
     assert lookup.draft(0) == [] and Drafts([1, 2]).draft(3) == []
 
 
+def test_a_looping_answer_drafts_the_loop_past_the_context_end() -> None:
+    lookup = Drafts([9, 8, 7])
+    lookup.extend([5, 6, 1, 5, 6, 1, 5, 6])  # the answer repeats "5 6 1" (period 3)
+    assert lookup.draft(7) == [1, 5, 6, 1, 5, 6, 1]  # not just the 1 token before the end
+    lookup = Drafts([9, 8, 7], stop_ids={6})
+    lookup.extend([5, 6, 1, 5, 6, 1, 5])
+    assert lookup.draft(7) == []  # the loop goes on with the stop token: nothing drafted
+    lookup.extend([2, 2, 2])  # period 1
+    assert lookup.draft(4) == [2, 2, 2, 2]
+
+
 def test_expected_tokens_lead_while_the_answer_agrees_with_them() -> None:
     lookup = Drafts([1, 2, 3, 1, 2, 5], expected=[7, 8, 9, 4])
     assert lookup.draft(2) == [7, 8]

@@ -139,7 +139,10 @@ def run(args: argparse.Namespace) -> int:
         )
     scratch = None if args.cache else tempfile.TemporaryDirectory(prefix="ragsnap-bench-cache-")
     store = open_store(args.cache or f"file://{scratch.name}")  # type: ignore[union-attr]
-    engine = RagSnapEngine(base.loaded, store=store, storage_dtype=storage_dtype)
+    # every hit reads the store: its entries are what this bench measures, not a loaded copy
+    engine = RagSnapEngine(
+        base.loaded, store=store, storage_dtype=storage_dtype, hit_memory_bytes=0
+    )
     if engine.tiers is None:
         raise ConfigError("bench cache needs a store, not 'none'", field="cache")
     press = make_press(args.press, budget=args.budget, window=args.window)

@@ -1,9 +1,11 @@
 """The shared frame of this process's in-memory cache maps: entries by key under a lock,
-at most ``max_bytes`` in all (the subclasses decide what happens past it)."""
+at most ``max_bytes`` in all (the subclasses decide what happens past it; :class:`LruMap`
+evicts the least recently used)."""
 
 from __future__ import annotations
 
 import threading
+from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
@@ -28,3 +30,44 @@ class BoundedMap(Generic[Value]):
     @property
     def nbytes(self) -> int:
         return self._bytes
+
+
+class LruMap(BoundedMap[Value]):
+    """A thread-safe LRU: past ``max_bytes``, the least recently used entries go; 0 keeps
+    nothing. Values are shared with every reader, who must not write into them."""
+
+    @staticmethod
+    @abstractmethod
+    def size_of(value: Value) -> int:
+        """The bytes ``value`` holds."""
+
+    def get(self, key: Hashable) -> Value | None:
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: Hashable, value: Value) -> bool:
+        """Keep ``value`` under ``key`` (evicting the least recently used); False when it
+        alone exceeds the budget."""
+        size = self.size_of(value)
+        if size > self.max_bytes:
+            return False
+        with self._lock:
+            self._discard(key)
+            while self._entries and self._bytes + size > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= self.size_of(evicted)
+            self._entries[key] = value
+            self._bytes += size
+        return True
+
+    def discard(self, key: Hashable) -> None:
+        with self._lock:
+            self._discard(key)
+
+    def _discard(self, key: Hashable) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= self.size_of(old)

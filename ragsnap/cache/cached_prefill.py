@@ -34,10 +34,13 @@ import torch
 
 from ragsnap.cache import keys
 from ragsnap.cache.document_tier import DEFAULT_RECOMPUTE_SHARE, DocumentRunner, DocumentTier
+from ragsnap.cache.hit_memory import HitMemory
 from ragsnap.cache.prefix_memory import Layers, PrefixMemory
 from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import (
+    KIND_COMPRESSED,
     StaleEntry,
+    StoredPrefill,
     deserialize_prefill,
     deserialize_prefix,
     serialize_prefill,
@@ -65,6 +68,8 @@ FLIGHT_WAIT_S = 600.0
 DEFAULT_PREFIX_MEMORY_BYTES = 1 << 30
 # compressed entries waiting for their write: twenty of 2K tokens at budget 256, float32
 DEFAULT_UNWRITTEN_BYTES = 256 << 20
+# compressed entries kept in memory once read or written: twenty of the same
+DEFAULT_HIT_MEMORY_BYTES = 256 << 20
 
 
 class PrefillRunner(DocumentRunner, Protocol):
@@ -129,6 +134,7 @@ class CachedPrefill:
         recompute_select: str = DEFAULT_SELECTION,
         prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
         unwritten_bytes: int = DEFAULT_UNWRITTEN_BYTES,
+        hit_memory_bytes: int = DEFAULT_HIT_MEMORY_BYTES,
     ) -> None:
         """``document_cache`` keeps each document's KV for prompts that combine them anew,
         recomputing ``recompute_share`` of their tokens (0: plain concatenation), chosen
@@ -136,7 +142,9 @@ class CachedPrefill:
         ``prefix_memory_bytes`` of the most recently used document prefixes stay in this
         process's memory in front of the store (:mod:`ragsnap.cache.prefix_memory`);
         compressed entries wait for their write after the answer in up to
-        ``unwritten_bytes`` of memory (:mod:`ragsnap.cache.unwritten`)."""
+        ``unwritten_bytes`` of memory (:mod:`ragsnap.cache.unwritten`); the most recently
+        read or written ones stay loaded in up to ``hit_memory_bytes``
+        (:mod:`ragsnap.cache.hit_memory`)."""
         self.runner = runner
         self.loaded = loaded
         self.store = store
@@ -144,6 +152,7 @@ class CachedPrefill:
         self.storage_dtype = storage_dtype
         self.memory = PrefixMemory(prefix_memory_bytes if prefix_cache else 0)
         self.unwritten = UnwrittenEntries(unwritten_bytes)
+        self.hits = HitMemory(hit_memory_bytes)
         self.documents = (
             DocumentTier(self, runner, recompute_share, recompute_select)
             if document_cache
@@ -230,8 +239,9 @@ class CachedPrefill:
         entry); a second call writes nothing."""
         pending, report.pending = report.pending, []
         for key, payload in pending:
-            if report.status != "unavailable":
-                self._put(key, payload, report)
+            written = report.status != "unavailable" and self._put(key, payload, report)
+            if written and key.kind == KIND_COMPRESSED:
+                self._deserialize(key, payload())  # the next hit, from memory
             self.unwritten.written(key)
 
     def lookup(
@@ -296,16 +306,19 @@ class CachedPrefill:
             logger.exception("cache read failed for %s; treating it as a miss", key.digest[:12])
         return None
 
-    def _put(self, key: EntryKey, payload: Callable[[], bytes], report: CacheReport) -> None:
+    def _put(self, key: EntryKey, payload: Callable[[], bytes], report: CacheReport) -> bool:
+        """Write ``payload`` under ``key``; whether the store took it."""
         try:
             data = payload()
             if self.store.put(key, data):
                 report.bytes_written += len(data)
+                return True
         except StoreUnavailable as exc:
             logger.warning("cache unavailable, entry not stored: %s", exc)
             report.status = "unavailable"
         except Exception:
             logger.exception("cache write failed for %s; the answer goes on", key.digest[:12])
+        return False
 
     def _put_later(self, key: EntryKey, result: PrefillResult, report: CacheReport) -> None:
         """Serialize ``result`` now and write it after the answer (:meth:`finish`), or now
@@ -325,30 +338,24 @@ class CachedPrefill:
             "cache entry %s unusable (%s); deleting and recomputing", key.digest[:12], reason
         )
         self.unwritten.written(key)
+        self.hits.discard(key)
         self.store.reject(key, "stale" if isinstance(reason, StaleEntry) else "unreadable")
 
     # -- hit --------------------------------------------------------------------------
 
     def _load_compressed(self, key: EntryKey, report: CacheReport) -> PrefillResult | None:
         started = time.perf_counter()
-        payload = self._get(key, report)
-        if payload is None:
-            return None
-        loaded = self.loaded
-        try:
-            stored = deserialize_prefill(
-                payload,
-                model_id=loaded.model_id,
-                revision=loaded.revision,
-                device=loaded.device,
-                dtype=next(loaded.model.parameters()).dtype,
-            )
-            cache = self.runner.cache_from(stored.layers)
-        except Exception as exc:  # any entry that does not load is a miss, never a 500
-            self._drop(key, exc)
-            return None
+        stored = self.hits.get(key)
+        if stored is None:
+            payload = self._get(key, report)
+            if payload is None:
+                return None
+            stored = self._deserialize(key, payload)
+            if stored is None:
+                return None
+            report.bytes_read += len(payload)
+        cache = self.runner.cache_from(stored.layers)
         report.status, report.tier = "hit", "exact"
-        report.bytes_read += len(payload)
         report.load_s += time.perf_counter() - started
         return PrefillResult(
             cache=cache,
@@ -364,6 +371,25 @@ class CachedPrefill:
             bias=stored.decode_bias,
             draft=stored.draft,
         )
+
+    def _deserialize(self, key: EntryKey, payload: bytes) -> StoredPrefill | None:
+        """``payload`` loaded and remembered in :attr:`hits`; None (and the entry dropped)
+        when it does not load."""
+        loaded = self.loaded
+        try:
+            stored = deserialize_prefill(
+                payload,
+                model_id=loaded.model_id,
+                revision=loaded.revision,
+                device=loaded.device,
+                dtype=next(loaded.model.parameters()).dtype,
+            )
+            self.runner.cache_from(stored.layers)  # the model's layer layout, or a miss here
+        except Exception as exc:  # any entry that does not load is a miss, never a 500
+            self._drop(key, exc)
+            return None
+        self.hits.put(key, stored)
+        return stored
 
     # -- prefix hit and miss ----------------------------------------------------------
 

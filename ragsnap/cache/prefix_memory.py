@@ -14,11 +14,11 @@ processes.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from ragsnap.cache.bounded import BoundedMap
+from ragsnap.cache.bounded import LruMap
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -27,30 +27,10 @@ def layers_nbytes(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return sum(k.nbytes + v.nbytes for k, v in layers)
 
 
-class PrefixMemory(BoundedMap[Layers]):
-    """A thread-safe LRU of prefix layers (``[1, Hkv, n, D]`` keys and values per layer),
-    at most ``max_bytes`` in all; 0 keeps nothing."""
+class PrefixMemory(LruMap[Layers]):
+    """Prefix layers (``[1, Hkv, n, D]`` keys and values per layer) by entry key, the most
+    recently used up to ``max_bytes`` in all."""
 
-    def get(self, key: Hashable) -> Layers | None:
-        with self._lock:
-            layers = self._entries.get(key)
-            if layers is not None:
-                self._entries.move_to_end(key)
-            return layers
-
-    def put(self, key: Hashable, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> bool:
-        """Keep ``layers`` under ``key`` (evicting the least recently used); False when
-        they alone exceed the budget."""
-        size = layers_nbytes(layers)
-        if size > self.max_bytes:
-            return False
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= layers_nbytes(old)
-            while self._entries and self._bytes + size > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self._bytes -= layers_nbytes(evicted)
-            self._entries[key] = list(layers)
-            self._bytes += size
-        return True
+    @staticmethod
+    def size_of(value: Layers) -> int:
+        return layers_nbytes(value)

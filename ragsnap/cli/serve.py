@@ -62,6 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "most recently used first (default 1024; 0: off)",
     )
     parser.add_argument(
+        "--hit-memory-mb",
+        type=int,
+        help="compressed entries kept loaded in this process's memory once read or written, "
+        "most recently used first (default 256; 0: off)",
+    )
+    parser.add_argument(
         "--speculate",
         type=int,
         help="drafted tokens a greedy answer feeds per decode step (default "
@@ -120,6 +126,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
         "step_tokens": args.step_tokens,
         "prefill_threads": args.prefill_threads,
         "prefix_memory_mb": args.prefix_memory_mb,
+        "hit_memory_mb": args.hit_memory_mb,
         "speculate": args.speculate,
         "speculate_ngrams": args.speculate_ngrams,
         "commit_lookahead": args.commit_lookahead,

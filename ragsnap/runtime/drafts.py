@@ -7,7 +7,10 @@ Two sources, tried in this order:
   so a row feeds them after its first token and keeps most of them.
 - **prompt n-grams** (opt-in): a RAG answer copies names, dates and phrases from its
   documents. When the answer's last ``n`` tokens also occur in the prompt (or earlier in
-  the answer), the tokens that followed them there are a guess at what comes next.
+  the answer), the tokens that followed them there are a guess at what comes next. When
+  that occurrence is only ``p`` tokens back (the answer repeats itself with period ``p``:
+  small models loop), the guess continues the repetition past the context's end, so a
+  looping row takes up to its whole draft budget per pass instead of ``p`` tokens.
 
 The decode loop feeds a draft with the row's next token in one pass and keeps the longest
 prefix the model itself would have picked (greedy), so the answer is the one plain
@@ -35,7 +38,8 @@ class Drafts:
     ``draft(k)`` proposes up to ``k`` tokens: the next expected ones while the answer
     agrees with them; else, with ``ngrams``, what followed the latest earlier occurrence of
     the context's last ``n`` tokens, for the longest ``n`` in ``[MIN_NGRAM, MAX_NGRAM]``
-    that occurs. Drafts stop before any token in ``stop_ids``.
+    that occurs, repeated with the period between the two occurrences where the context
+    ends first. Drafts stop before any token in ``stop_ids``.
     """
 
     def __init__(
@@ -79,7 +83,9 @@ class Drafts:
             start = self._next.get(tuple(self.tokens[-n:]))
             if start is None:
                 continue
-            if out := self._until_stop(self.tokens[start : start + k]):
+            period = len(self.tokens) - start  # >= 1: the latest occurrence has a successor
+            repeated = [self.tokens[start + i % period] for i in range(k)]
+            if out := self._until_stop(repeated):
                 return out
         return []
 
