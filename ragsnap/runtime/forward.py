@@ -197,24 +197,28 @@ class BatchedKV:
         ``K_l`` is the longest row of layer ``l``. Row ``r``'s new tokens sit right after its
         own ``n_r`` entries (columns ``n_r .. n_r + q - 1``); columns past them are padding.
 
-        The causal masks of all layers are one tensor ``[L, B, q, max K_l + q]`` built at
-        once (a few ops per pass, not per layer); a layer's mask is a view of its slice."""
+        The causal masks are built once per distinct row lengths, all at once (``[U, B, q,
+        max K + q]``: a few ops per pass, not per layer); a layer's mask is a view of its
+        lengths' slice. Layers that hold as many entries per row (every layer of a prefix,
+        of uniform budgets) share one mask: for 8 rows x 40 tokens over 2.4K entries, 30
+        layers' masks would be 92 MB of fresh memory per pass."""
         device = self.keys[0].device
         dtype = self.keys[0].dtype
         new_pos = torch.arange(q_len)
         lengths = self.lengths.t()  # [L, B]
+        distinct, of_layer = torch.unique(lengths, dim=0, return_inverse=True)  # [U, B], [L]
         widest = lengths.max(dim=1).values.tolist()  # [L]
         cols = torch.arange(max(widest) + q_len)
         # query j of row r sees its row's entries and new tokens up to itself
-        limit = lengths.unsqueeze(2) + new_pos  # [L, B, q]
-        visible = cols.view(1, 1, 1, -1) <= limit.unsqueeze(3)  # [L, B, q, K + q]
+        limit = distinct.unsqueeze(2) + new_pos  # [U, B, q]
+        visible = cols.view(1, 1, 1, -1) <= limit.unsqueeze(3)  # [U, B, q, K + q]
         causal = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
-        causal = causal.to(device).unsqueeze(2)  # [L, B, 1, q, K + q]
+        causal = causal.to(device).unsqueeze(2)  # [U, B, 1, q, K + q]
         out: dict[int, StepMask] = {}
-        for i, (window, width, row_lengths) in enumerate(
-            zip(self.windows, widest, lengths.tolist(), strict=True)
+        for i, (window, width, row_lengths, u) in enumerate(
+            zip(self.windows, widest, lengths.tolist(), of_layer.tolist(), strict=True)
         ):
-            mask = causal[i, :, :, :, : width + q_len]
+            mask = causal[u, :, :, :, : width + q_len]
             if window is not None:
                 # a row's entries end just before its next position, whatever it kept
                 cols_l = cols[: width + q_len]
