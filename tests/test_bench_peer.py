@@ -5,6 +5,7 @@ against a real in-process ragsnap server and a stub peer that speaks the streami
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -321,3 +322,25 @@ def test_each_timed_run_waits_for_ragsnaps_background_writes() -> None:
     with running_server(app) as url:
         settle(url, timeout_s=30)
         assert len(polls) == 3
+
+
+def test_each_timed_run_waits_until_the_servers_stop_computing() -> None:
+    """A process group that computes for a while, then idles: the wait ends only after it
+    stopped (and at once for a group that is idle already)."""
+    import subprocess
+    import sys
+
+    from ragsnap.bench.peer_servers import group_cpu_ticks, wait_quiet
+
+    busy = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\ntime.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", busy], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        assert process.pid in group_cpu_ticks(process.pid)
+        started = time.monotonic()
+        waited = wait_quiet([process.pid], window_s=0.25, timeout_s=30)
+        assert 1.0 < waited and time.monotonic() - started >= 1.0
+        assert wait_quiet([process.pid], window_s=0.25, timeout_s=30) < 0.5
+    finally:
+        process.kill()
+        process.wait()

@@ -4,7 +4,10 @@ Both servers run as subprocesses on this machine, started by the bench (or given
 The requests (see :mod:`ragsnap.bench.peer_workload`) are the same prompts token for
 token; each concurrency level runs ``cold``, ``repeated`` and ``new_question``, the two
 servers one after the other within each scenario (which one goes first alternates), so
-both see the same background load. A short warm-up request precedes the timed runs.
+both see the same background load. A short warm-up request precedes the timed runs, and
+each timed run waits until ragsnap's background writes are done and the servers the bench
+started have stopped computing (less than a tenth of a core over half a second: vLLM's
+workers keep both cores busy for about a second after its last answer).
 
 vLLM is never a dependency of ragsnap: it runs from its own virtual environment, given by
 ``--vllm-python`` (``--setup-vllm DIR`` creates one), or an already running server given
@@ -24,6 +27,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -187,8 +191,9 @@ def run(args: argparse.Namespace) -> int:
         logs.mkdir(parents=True, exist_ok=True)
         if isinstance(source, Path) and converted_weights.is_complete(source):
             source = export_for_vllm(args, source)
-        urls = start_servers(args, stack, source, max(levels), logs)
-        report = measure(args, urls, workload, scenarios, levels, stop_ids, warmup)
+        groups: list[int] = []
+        urls = start_servers(args, stack, source, max(levels), logs, groups)
+        report = measure(args, urls, workload, scenarios, levels, stop_ids, warmup, groups)
     report["setup"] = setup_facts(args, source, workload)
     print(json.dumps(report, indent=2))
     ok = all(
@@ -210,15 +215,21 @@ def export_for_vllm(args: argparse.Namespace, converted: Path) -> Path:
 
 
 def start_servers(
-    args: argparse.Namespace, stack: ExitStack, source: Path | str, max_seqs: int, logs: Path
+    args: argparse.Namespace,
+    stack: ExitStack,
+    source: Path | str,
+    max_seqs: int,
+    logs: Path,
+    groups: list[int],
 ) -> dict[str, str | None]:
+    """Start the servers not given by URL; their process groups are appended to ``groups``."""
     from ragsnap.bench import peer_servers as servers
 
     urls: dict[str, str | None] = {"ragsnap": args.ragsnap_url, "vllm": args.vllm_url}
     if urls["vllm"] is None and args.vllm_python:
         port = servers.free_port()
         print(f"peer: starting vllm serve {source} on port {port}", file=sys.stderr, flush=True)
-        stack.enter_context(
+        vllm = stack.enter_context(
             servers.subprocess_server(
                 servers.vllm_argv(
                     args.vllm_python, str(source), port, max_seqs, vllm_dtype(args), args.vllm_arg
@@ -229,12 +240,13 @@ def start_servers(
                 args.startup_timeout,
             )
         )
+        groups.append(vllm.pid)  # its own session: the group's id is its pid
         urls["vllm"] = f"http://127.0.0.1:{port}"
     if urls["ragsnap"] is None:
         port = servers.free_port()
         cache = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="peer-cache-")))
         print(f"peer: starting ragsnap serve on port {port}", file=sys.stderr, flush=True)
-        stack.enter_context(
+        ragsnap = stack.enter_context(
             servers.subprocess_server(
                 servers.ragsnap_argv(
                     port,
@@ -251,6 +263,7 @@ def start_servers(
                 args.startup_timeout,
             )
         )
+        groups.append(ragsnap.pid)
         urls["ragsnap"] = f"http://127.0.0.1:{port}"
     return urls
 
@@ -263,8 +276,13 @@ def measure(
     levels: list[int],
     stop_ids: list[int],
     warmup: PeerRequest,
+    groups: Sequence[int] = (),
 ) -> dict[str, Any]:
+    """Every scenario at every level, the servers alternating which goes first; before each
+    timed run, ragsnap's background work is done and the started servers' process groups
+    (``groups``) are quiet."""
     from ragsnap.bench.peer_clients import completions_sender, ragsnap_sender, run_scenario
+    from ragsnap.bench.peer_servers import wait_quiet
     from ragsnap.bench.peer_stats import agreement, ratios, reference_accuracy, summarize_run
 
     compression = {k: v for k, v in {"press": args.press, "budget": args.budget}.items() if v}
@@ -283,6 +301,7 @@ def measure(
             entry: dict[str, Any] = {"order": order}
             for name in order:
                 settle(str(urls["ragsnap"]))
+                wait_quiet(groups)
                 print(f"peer: c={level} {scenario} {name}", file=sys.stderr, flush=True)
                 outcomes[name], wall = asyncio.run(
                     run_scenario(senders[name], requests, level, args.timeout)
@@ -370,6 +389,7 @@ def setup_facts(
         "prompt_tokens_mean": round(sum(len(r.prompt_ids) for r in cold) / max(1, len(cold)), 1),
         "max_new_tokens": args.max_new_tokens,
         "greedy": True,
+        "quiet_before_runs": "ragsnap's writes done; started servers under 0.1 core for 0.5 s",
         "ragsnap": {
             "dtype": ragsnap_dtype(args),
             "matmul_precision": ragsnap_matmul_precision(args),

@@ -4,7 +4,10 @@ Each runs in its own process group (stopped with SIGTERM, then SIGKILL, at the e
 free loopback port, and counts as started once its health endpoint answers 200. vLLM runs
 from its own virtual environment (``--vllm-python``, set up by :func:`setup_vllm`), never
 from ragsnap's: it pins its own torch and transformers. It serves the embedded model as a
-Hugging Face folder written by :func:`export_hf_folder`.
+Hugging Face folder written by :func:`export_hf_folder`. :func:`wait_quiet` waits until
+the servers' process groups stop computing, so neither server's leftover work (vLLM's
+workers spin on both cores for about a second after its last request) runs in the other's
+timed run.
 """
 
 from __future__ import annotations
@@ -147,6 +150,51 @@ def subprocess_server(
             yield process
         finally:
             _stop_group(process)
+
+
+def group_cpu_ticks(pgid: int) -> dict[int, int]:
+    """CPU time (user + system, clock ticks) of each live process of process group ``pgid``,
+    by pid (Linux ``/proc``; empty elsewhere)."""
+    ticks = {}
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(os.path.join(entry.path, "stat")) as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()  # after "pid (comm)"
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[2]) == pgid:  # fields: state, ppid, pgrp, ..., utime (11), stime (12)
+            ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+def wait_quiet(
+    pgids: Sequence[int], window_s: float = 0.5, cores: float = 0.1, timeout_s: float = 60.0
+) -> float:
+    """Wait until the process groups ``pgids`` together use less than ``cores`` over a
+    ``window_s`` window (processes present at both ends of it); the seconds waited.
+
+    Gives up after ``timeout_s`` with a warning: a server busy that long is measured as is."""
+    tick = os.sysconf("SC_CLK_TCK")
+    started = time.monotonic()
+    before = {pgid: group_cpu_ticks(pgid) for pgid in pgids}
+    while True:
+        time.sleep(window_s)
+        after = {pgid: group_cpu_ticks(pgid) for pgid in pgids}
+        used = sum(
+            now - before[pgid][pid]
+            for pgid, group in after.items()
+            for pid, now in group.items()
+            if pid in before[pgid]
+        )
+        waited = time.monotonic() - started
+        if used / tick < cores * window_s:
+            return waited
+        if waited > timeout_s:
+            logger.warning("servers still computing after %.0f s; measuring anyway", waited)
+            return waited
+        before = after
 
 
 def _stop_group(process: subprocess.Popen[bytes]) -> None:
