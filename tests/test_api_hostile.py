@@ -281,7 +281,13 @@ def test_a_damaged_entry_is_counted_in_metrics(engine, tmp_path):
     from ragsnap.cache import open_store
     from ragsnap.engine import RagSnapEngine
 
-    eng = RagSnapEngine(engine.loaded, store=open_store(f"file://{tmp_path}"), prefix_cache=False)
+    # no prefix tier and no loaded copy of the entry: the repeat reads the damaged file
+    eng = RagSnapEngine(
+        engine.loaded,
+        store=open_store(f"file://{tmp_path}"),
+        prefix_cache=False,
+        hit_memory_bytes=0,
+    )
     ns_docs = [{"id": uuid.uuid4().hex, "text": "The Moon pulls the oceans."}]
     with TestClient(_app(eng)) as served:
         first = served.post("/v1/answer", json=native(documents=ns_docs)).json()

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ragsnap.cache import open_store
+from ragsnap.cache.hit_memory import HitMemory
 from ragsnap.cache.unwritten import UnwrittenEntries
 from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions, RagSnapEngine
@@ -59,6 +60,7 @@ def test_a_repeat_before_the_write_gets_what_the_store_gives_back(
 ) -> None:
     engine = _engine(engine_tiny, tmp_path, storage)
     tiers, opts = engine.tiers, _options()
+    tiers.hits = HitMemory(0)  # no loaded copy: the late hit reads the store
     layout = engine.prompt_of(QUESTION, DOCS, opts)
     _, report = tiers.prefill(layout, opts.press, QUESTION, "ns")
     assert report.status == "miss" and report.bytes_written == 0
