@@ -168,6 +168,17 @@ class CachedPrefill:
             dtype += f"-{loaded.matmul_precision}"
         return keys.model_identity(loaded.model_id, loaded.revision, dtype, loaded.device.type)
 
+    def entry_identity(self) -> dict[str, Any]:
+        """What a loaded entry must match and where it goes: the deserializers' model_id,
+        revision, device and dtype."""
+        loaded = self.loaded
+        return {
+            "model_id": loaded.model_id,
+            "revision": loaded.revision,
+            "device": loaded.device,
+            "dtype": next(loaded.model.parameters()).dtype,
+        }
+
     def _storage_label(self) -> str | None:
         return (
             None if self.storage_dtype is None else str(self.storage_dtype).removeprefix("torch.")
@@ -375,15 +386,8 @@ class CachedPrefill:
     def _deserialize(self, key: EntryKey, payload: bytes) -> StoredPrefill | None:
         """``payload`` loaded and remembered in :attr:`hits`; None (and the entry dropped)
         when it does not load."""
-        loaded = self.loaded
         try:
-            stored = deserialize_prefill(
-                payload,
-                model_id=loaded.model_id,
-                revision=loaded.revision,
-                device=loaded.device,
-                dtype=next(loaded.model.parameters()).dtype,
-            )
+            stored = deserialize_prefill(payload, **self.entry_identity())
             self.runner.cache_from(stored.layers)  # the model's layer layout, or a miss here
         except Exception as exc:  # any entry that does not load is a miss, never a 500
             self._drop(key, exc)
@@ -478,15 +482,9 @@ class CachedPrefill:
         payload = self._get(key, report)
         if payload is None:
             return None
-        loaded = self.loaded
         try:
             layers = deserialize_prefix(
-                payload,
-                model_id=loaded.model_id,
-                revision=loaded.revision,
-                prefix_len=layout.prefix_len,
-                device=loaded.device,
-                dtype=next(loaded.model.parameters()).dtype,
+                payload, prefix_len=layout.prefix_len, **self.entry_identity()
             )
             self.runner.cache_from(layers)  # the model's layer layout, or a miss here
         except Exception as exc:  # any entry that does not load is a miss, never a 500

@@ -54,6 +54,7 @@ class TierOwner(Protocol):
     def _drop(self, key: EntryKey, reason: Exception) -> None: ...
     def _model_identity(self) -> dict[str, str]: ...
     def _storage_label(self) -> str | None: ...
+    def entry_identity(self) -> dict[str, Any]: ...
 
 
 class DocumentRunner(Protocol):
@@ -212,16 +213,9 @@ class DocumentTier:
         payload = owner._get(slot.key, report)
         if payload is None:
             return None
-        loaded = owner.loaded
         try:
             layers = deserialize_prefix(
-                payload,
-                model_id=loaded.model_id,
-                revision=loaded.revision,
-                prefix_len=len(slot.body),
-                device=loaded.device,
-                dtype=next(loaded.model.parameters()).dtype,
-                kind=KIND_DOCUMENT,
+                payload, prefix_len=len(slot.body), kind=KIND_DOCUMENT, **owner.entry_identity()
             )
             owner.runner.cache_from(layers)  # the model's layer layout, or a miss here
         except Exception as exc:  # any entry that does not load is a miss, never a 500
