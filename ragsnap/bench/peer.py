@@ -191,8 +191,7 @@ def run(args: argparse.Namespace) -> int:
         logs.mkdir(parents=True, exist_ok=True)
         if isinstance(source, Path) and converted_weights.is_complete(source):
             source = export_for_vllm(args, source)
-        groups: list[int] = []
-        urls = start_servers(args, stack, source, max(levels), logs, groups)
+        urls, groups = start_servers(args, stack, source, max(levels), logs)
         report = measure(args, urls, workload, scenarios, levels, stop_ids, warmup, groups)
     report["setup"] = setup_facts(args, source, workload)
     print(json.dumps(report, indent=2))
@@ -220,12 +219,13 @@ def start_servers(
     source: Path | str,
     max_seqs: int,
     logs: Path,
-    groups: list[int],
-) -> dict[str, str | None]:
-    """Start the servers not given by URL; their process groups are appended to ``groups``."""
+) -> tuple[dict[str, str | None], list[int]]:
+    """Start the servers not given by URL; both servers' URLs, and the process groups of
+    those started here."""
     from ragsnap.bench import peer_servers as servers
 
     urls: dict[str, str | None] = {"ragsnap": args.ragsnap_url, "vllm": args.vllm_url}
+    groups: list[int] = []
     if urls["vllm"] is None and args.vllm_python:
         port = servers.free_port()
         print(f"peer: starting vllm serve {source} on port {port}", file=sys.stderr, flush=True)
@@ -265,7 +265,7 @@ def start_servers(
         )
         groups.append(ragsnap.pid)
         urls["ragsnap"] = f"http://127.0.0.1:{port}"
-    return urls
+    return urls, groups
 
 
 def measure(

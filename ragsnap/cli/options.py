@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
 from ragsnap.errors import ConfigError
 from ragsnap.generation import GenerationConfig
+from ragsnap.models import MATMUL_PRECISIONS
 from ragsnap.prompt import DOCUMENT_ORDERS
 from ragsnap.runtime.drafts import DEFAULT_SPECULATE
 
@@ -38,7 +39,7 @@ def add_dtype_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--matmul-precision",
         default=os.environ.get("RAGSNAP_MATMUL_PRECISION", "auto"),
-        choices=("auto", "highest", "medium"),
+        choices=MATMUL_PRECISIONS,
         help="float32 CPU models: medium rounds the inputs of long products (prefill "
         "linears and attention) to bfloat16, float32 accumulation; auto: medium on CPUs "
         "with AVX512-BF16, else highest ($RAGSNAP_MATMUL_PRECISION)",

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from ragsnap.cli.progress import loading_model
+from ragsnap.models import MATMUL_PRECISIONS
 from ragsnap.runtime.drafts import DEFAULT_SPECULATE
 
 
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--matmul-precision",
-        choices=("auto", "highest", "medium"),
+        choices=MATMUL_PRECISIONS,
         help="float32 CPU models: medium rounds the inputs of long products to bfloat16 "
         "(default auto: medium on CPUs with AVX512-BF16)",
     )
