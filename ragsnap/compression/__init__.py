@@ -14,6 +14,7 @@ from ragsnap.compression.default import (
     ragsnap_lookahead_press,
     ragsnap_lookup_press,
     ragsnap_press,
+    ragsnap_propagate_press,
     ragsnap_roles_lookup_press,
     ragsnap_roles_press,
     wordspan_press,
@@ -26,6 +27,7 @@ from ragsnap.compression.knorm import KeyNormPress
 from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
 from ragsnap.compression.lookahead import LookaheadPress
 from ragsnap.compression.lookup_focus import LookupFocusPress
+from ragsnap.compression.propagate import PropagatePress, propagation_of, without_propagation
 from ragsnap.compression.pyramidkv import PyramidKVPress
 from ragsnap.compression.random_press import RandomPress
 from ragsnap.compression.role_budget import RoleBudgetPress, roles_press
@@ -58,6 +60,7 @@ PRESSES: dict[str, Callable[..., Press]] = {
     "ragsnap-lookup": ragsnap_lookup_press,
     "ragsnap-roles-lookup": ragsnap_roles_lookup_press,
     "ragsnap-lookahead": ragsnap_lookahead_press,
+    "ragsnap-propagate": ragsnap_propagate_press,
 }
 # the default: ragsnap's press, its first 8 answer tokens drafted to vote (LookaheadPress)
 DEFAULT_PRESS = "ragsnap-lookahead"
@@ -70,9 +73,21 @@ def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
     instruction is kept whatever the press); ``lookup=True`` in :class:`LookupFocusPress`
     (the record a question names on a structured document ranks first); ``lookahead=N`` in
     :class:`LookaheadPress` (the first ``N`` answer tokens, drafted on the full cache, vote
-    with the window), or sets ``N`` of a press that already looks ahead (0 turns it off).
+    with the window), or sets ``N`` of a press that already looks ahead (0 turns it off);
+    ``propagate=True`` (or ``propagate_layer`` / ``propagate_share``) in
+    :class:`PropagatePress` (query-aware prefill; "auto" for what is not given).
     Raises :class:`ConfigError` for an unknown press or an option the press does not take.
     """
+    layer, share = options.pop("propagate_layer", None), options.pop("propagate_share", None)
+    if options.pop("propagate", None) or layer is not None or share is not None:
+        inner = make_press(name, **options)
+        if propagation_of(inner) is not None:  # a named press that already propagates
+            inner = without_propagation(inner)
+        return PropagatePress(
+            base=inner,
+            layer="auto" if layer is None else layer,
+            share="auto" if share is None else share,
+        )
     if options.pop("lookup", None):
         return LookupFocusPress(base=make_press(name, **options))
     if options.pop("keep_instruction", None):
@@ -102,6 +117,7 @@ def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
 
 __all__ = [
     "PRESSES",
+    "PropagatePress",
     "AttentionMatchingPress",
     "DEFAULT_PRESS",
     "CompressedLayer",

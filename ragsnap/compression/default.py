@@ -5,7 +5,8 @@
 piece alone, for ablations. ``ragsnap-roles`` puts role-conditioned budgets between word
 completion and the refit. ``ragsnap-lookup`` and ``ragsnap-roles-lookup`` rank the record a
 question names on a structured document first (:class:`LookupFocusPress`);
-``ragsnap-lookahead`` lets the first answer tokens vote (:class:`LookaheadPress`).
+``ragsnap-lookahead`` lets the first answer tokens vote (:class:`LookaheadPress`);
+``ragsnap-propagate`` is that press with query-aware prefill (:class:`PropagatePress`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ragsnap.compression.base import Press
 from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
 from ragsnap.compression.lookahead import LookaheadPress
 from ragsnap.compression.lookup_focus import LookupFocusPress
+from ragsnap.compression.propagate import PropagatePress
 from ragsnap.compression.role_budget import RoleBudgetPress
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.compression.span_completion import SpanCompletionPress
@@ -175,3 +177,11 @@ def _lookahead(press: Press) -> Press:
 ragsnap_lookup_press = wrapped(ragsnap_press, _lookup, "ragsnap_lookup_press")
 ragsnap_roles_lookup_press = wrapped(ragsnap_roles_press, _lookup, "ragsnap_roles_lookup_press")
 ragsnap_lookahead_press = wrapped(ragsnap_press, _lookahead, "ragsnap_lookahead_press")
+
+
+def _propagate(press: Press) -> Press:
+    """only the window's chosen tokens run past the calibrated layer (:class:`PropagatePress`)."""
+    return PropagatePress(base=press)
+
+
+ragsnap_propagate_press = wrapped(ragsnap_lookahead_press, _propagate, "ragsnap_propagate_press")

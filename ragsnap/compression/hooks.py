@@ -78,6 +78,11 @@ class CompressionRecorder:
     pending: dict[int, tuple[Any, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = field(
         default_factory=dict
     )
+    # layer -> [n] original positions of the entries its cache holds, where these are not
+    # 0 .. L-1 (query-aware prefill: the layers past the split hold the propagated tokens);
+    # the press then sees the per-position inputs at those positions and kept indices are
+    # mapped back to original positions
+    positions: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.results = [{} for _ in self.presses]
@@ -136,6 +141,7 @@ class CompressionRecorder:
             self.skipped_layers.add(layer_idx)
             return
         started = time.perf_counter()
+        held = self.positions.get(layer_idx)
         context = LayerContext(
             layer_idx=layer_idx,
             num_layers=self.num_layers,
@@ -144,15 +150,18 @@ class CompressionRecorder:
             values=values,
             hidden_states=hidden_states,
             position_embeddings=position_embeddings,
-            word_starts=self.word_starts,
-            roles=self.roles,
-            focus=self.focus,
+            word_starts=_at(self.word_starts, held),
+            roles=_at(self.roles, held),
+            focus=_at(self.focus, held),
             drafted=None if self.drafted is None else self.drafted.get(layer_idx),
         )
         with torch.no_grad():
             for i, press in enumerate(self.presses):
                 press_started = time.perf_counter()
-                self.results[i][layer_idx] = press.compress(context)
+                kept = press.compress(context)
+                if held is not None:  # entry i of this layer is position held[i]
+                    kept.indices = held.to(kept.indices.device)[kept.indices]
+                self.results[i][layer_idx] = kept
                 self.press_seconds[i] += time.perf_counter() - press_started
             if self.apply:
                 kept = self.results[0][layer_idx]
@@ -160,6 +169,13 @@ class CompressionRecorder:
         if keys.is_cuda:
             torch.cuda.synchronize(keys.device)
         self.seconds += time.perf_counter() - started
+
+
+def _at(per_position: torch.Tensor | None, held: torch.Tensor | None) -> torch.Tensor | None:
+    """``per_position`` (``[L]``) at the positions ``held`` (``[n]``), or as it is."""
+    if per_position is None or held is None:
+        return per_position
+    return per_position[held.to(per_position.device)]
 
 
 @contextmanager

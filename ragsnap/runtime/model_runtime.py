@@ -24,6 +24,7 @@ from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_from_layers
 from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.prefill import PrefillResult
+from ragsnap.runtime.propagation import forced_positions
 from ragsnap.runtime.teacher_force import teacher_force
 from ragsnap.runtime.threads import one_torch_thread
 
@@ -85,11 +86,13 @@ class ModelRuntime:
         on_chunk: Callable[[], None] | None = None,
         roles: torch.Tensor | None = None,
         focus: torch.Tensor | None = None,
+        forced: torch.Tensor | None = None,
     ) -> PrefillResult:
         """Prefill ``input_ids[start:]`` (on ``cache`` holding the first ``start``
         positions, when given) in chunks, compressing every layer with ``press`` at the end.
         ``roles`` (``[L]``, :func:`ragsnap.structure.prompt_roles`) feeds role-aware presses,
-        ``focus`` (``[L]``, :func:`ragsnap.lookup.prompt_focus`) the lookup focus."""
+        ``focus`` (``[L]``, :func:`ragsnap.lookup.prompt_focus`) the lookup focus;
+        ``forced`` (``[L]`` bool) the positions a query-aware prefill always propagates."""
         return _prefill.prefill(
             self.model,
             self.cache_kwarg,
@@ -103,6 +106,7 @@ class ModelRuntime:
             roles=roles,
             focus=focus,
             stop_ids=self.stop_ids,
+            forced=forced,
         )[0]
 
     def prefill_prompt(
@@ -125,6 +129,7 @@ class ModelRuntime:
             on_chunk=on_chunk,
             roles=roles,
             focus=focus,
+            forced=forced_positions(self.tokenizer, layout),
         )
         return _with_documents(result, documents_s, layout.prefix_len if start else 0)
 

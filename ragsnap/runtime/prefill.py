@@ -9,6 +9,7 @@ request raises out of it, leaving the model free after at most one chunk.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -20,8 +21,10 @@ from ragsnap.bf16_matmuls import medium_products
 from ragsnap.compression import CompressedLayer, Press, compression_hooks
 from ragsnap.compression.hooks import query_capture
 from ragsnap.compression.lookahead import lookahead_tokens
+from ragsnap.compression.propagate import budget_need, propagation_of, voting_parameters
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_nbytes, derive_cache
+from ragsnap.runtime.propagation import LayerSplit, select_tokens
 from ragsnap.runtime.reserved_cache import reserved
 
 if TYPE_CHECKING:
@@ -56,6 +59,13 @@ class PrefillResult:
     bias: dict[int, torch.Tensor] = field(default_factory=dict)
     # the answer's first tokens, drafted greedily on the full cache to vote (LookaheadPress)
     draft: list[int] = field(default_factory=list)
+    # which prefill served: "full", or "propagate" (query-aware: layers >= propagate_layer
+    # ran over propagated_tokens of the prompt only); full_path_reason says why a press
+    # that asked for propagation took the full path
+    prefill_path: str = "full"
+    propagate_layer: int | None = None
+    propagated_tokens: int | None = None
+    full_path_reason: str | None = None
 
     @property
     def drafted_tokens(self) -> int:
@@ -167,6 +177,7 @@ def prefill(
     roles: torch.Tensor | None = None,
     focus: torch.Tensor | None = None,
     stop_ids: Collection[int] = (),
+    forced: torch.Tensor | None = None,
 ) -> list[PrefillResult]:
     """Prefill ``input_ids[start:]`` on top of ``cache`` (holding the first ``start``
     positions) in chunks of ``chunk`` tokens, and compress every layer at the end.
@@ -178,6 +189,11 @@ def prefill(
     last chunk only keeps each layer's input for the window, the first answer tokens are
     drafted on the full cache (stopping at ``stop_ids``), the cache is cut back to the
     prompt, and then every layer is compressed with the drafted queries voting too.
+
+    A press wrapped in :class:`~ragsnap.compression.propagate.PropagatePress` takes the
+    query-aware path (:mod:`ragsnap.runtime.propagation`) where it applies
+    (:func:`propagation_plan`): ``forced`` (``[L]`` bool) marks positions that always
+    propagate (the instruction, the document headers; the window always does).
     """
     press_list = [presses] if isinstance(presses, Press) else list(presses)
     device = next(model.parameters()).device
@@ -191,11 +207,17 @@ def prefill(
     ahead = 0 if any(sliding_windows(model.config)) else lookahead_tokens(*press_list)
     drafted: dict[int, torch.Tensor] | None = None
     draft: list[int] = []
+    split, share, reason = propagation_plan(model, cache_kwarg, press_list, start)
+    positions: torch.Tensor | None = None
+    length = len(input_ids)
     _sync(device)
     started = time.perf_counter()
-    with reserved(cache, len(input_ids) + ahead):
+    with reserved(cache, length + ahead), split.installed() if split else contextlib.nullcontext():
         for begin, end in zip(starts, starts[1:], strict=False):
-            forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+            if split is None:
+                forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+            else:
+                split.lower(input_ids[begin:end], cache, begin)
             if on_chunk is not None:
                 on_chunk()
         hooks = compression_hooks(
@@ -210,7 +232,22 @@ def prefill(
         )
         with hooks as recorder:
             recorder.armed = True
-            logits = forward_chunk(model, cache_kwarg, input_ids[starts[-1] :], cache, starts[-1])
+            if split is None:
+                logits = forward_chunk(
+                    model, cache_kwarg, input_ids[starts[-1] :], cache, starts[-1]
+                )
+            else:
+                press = press_list[0]
+                split.lower(input_ids[starts[-1] :], cache, starts[-1], voting_parameters(press))
+                assert split.votes is not None, "the vote hook did not run"
+                need = budget_need(press, model.config, length, split.layer)
+                keep = split.propagated_count(length, share, need)
+                if forced is None:
+                    forced = torch.zeros(length, dtype=torch.bool)
+                positions = select_tokens(split.votes, length, keep, forced)
+                for layer in range(split.layer, len(split.layers)):
+                    recorder.positions[layer] = positions
+                logits = _upper_passes(split, positions, cache, chunk, window, recorder, on_chunk)
             recorder.armed = False
             if ahead:
                 drafted, draft = draft_queries(
@@ -237,9 +274,60 @@ def prefill(
                 kv_bytes_kept=cache_nbytes(kept_cache),
                 processed_tokens=len(input_ids) - start,
                 draft=list(draft),
+                prefill_path="full" if positions is None else "propagate",
+                propagate_layer=None if split is None else split.layer,
+                propagated_tokens=None if positions is None else int(positions.shape[0]),
+                full_path_reason=reason,
             )
         )
     return results
+
+
+def propagation_plan(
+    model: Any, cache_kwarg: str, presses: Sequence[Press], start: int
+) -> tuple[LayerSplit | None, float, str | None]:
+    """The layer split of a query-aware prefill, its share ``p``, and why not (None, 1.0,
+    the reason) when a press asked for it but the full path runs; (None, 1.0, None) when no
+    press asked. Raises :class:`ConfigError` for ``s`` or ``p`` out of range."""
+    asked = [propagation_of(p) for p in presses]
+    wrapper = asked[0] if len(asked) == 1 else None
+    if not any(asked):
+        return None, 1.0, None
+    if wrapper is None:
+        return None, 1.0, "several presses share one prefill"
+    resolved = wrapper.resolve(model.config)
+    if not presses[0].window_only:
+        return None, 1.0, f"press {presses[0].name!r} needs every prompt query"
+    if start > 0:
+        return None, 1.0, "the document prefix was loaded: only the tail is computed"
+    split = LayerSplit(model, cache_kwarg, resolved.layer)
+    if split.upper_slides and resolved.share < 1.0:
+        return None, 1.0, "a sliding-window layer past the split needs contiguous positions"
+    return split, resolved.share, None
+
+
+def _upper_passes(
+    split: LayerSplit,
+    positions: torch.Tensor,
+    cache: Any,
+    chunk: int | None,
+    window: int,
+    recorder: Any,
+    on_chunk: Callable[[], None] | None,
+) -> torch.Tensor:
+    """The propagated tokens through the upper layers in chunks (one pass where an upper
+    layer slides), the recorder armed for the last; ``on_chunk`` between them."""
+    count = int(positions.shape[0])
+    hidden = split.gathered(positions)
+    starts = chunk_starts(0, count, None if split.upper_slides else chunk, window)
+    logits = torch.empty(0)
+    for begin, end in zip(starts, [*starts[1:], count], strict=True):
+        last = end == count
+        recorder.armed = last
+        logits = split.upper(hidden, positions, cache, begin, end)
+        if not last and on_chunk is not None:
+            on_chunk()
+    return logits
 
 
 def prefill_full(
