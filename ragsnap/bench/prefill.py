@@ -36,6 +36,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--budget", type=int, default=512, help="tokens kept per KV head")
     parser.add_argument(
+        "--propagate-layer",
+        type=int,
+        help="s of the presses that propagate (ragsnap-propagate): layers 1..s see every token",
+    )
+    parser.add_argument(
+        "--propagate-share",
+        type=float,
+        help="p of the presses that propagate: the share of tokens past layer s, in (0, 1]",
+    )
+    parser.add_argument(
+        "--full-prefill",
+        action="store_true",
+        help="force the full prefill path (presses that propagate run without it)",
+    )
+    parser.add_argument(
         "--model", default="embedded", help="'embedded', a Hugging Face id or a path"
     )
     add_dtype_option(parser)
@@ -61,12 +76,18 @@ def measure(
     for n in contexts:
         seconds: dict[str, list[float]] = {name: [] for name in names}
         drafted: dict[str, int] = {}
+        paths: dict[str, Any] = {}
         for rep in range(repeats):
             for name in names[rep % len(names) :] + names[: rep % len(names)]:
                 started = time.perf_counter()
                 result = prefill(n, name)
                 seconds[name].append(time.perf_counter() - started)
                 drafted[name] = result.drafted_tokens
+                paths[name] = {
+                    "path": result.prefill_path,
+                    "layer": result.propagate_layer,
+                    "propagated_tokens": result.propagated_tokens,
+                }
             logger.info("context %d, repetition %d/%d", n, rep + 1, repeats)
         first = seconds[names[0]]
         rows.append(
@@ -78,13 +99,30 @@ def measure(
                     for name, s in seconds.items()
                 },
                 "drafted_tokens": drafted,
+                "prefill_path": paths,
             }
         )
     return rows
 
 
-def run(args: argparse.Namespace) -> int:
+def _press(name: str, args: argparse.Namespace) -> Any:
+    """Press ``name`` at ``--budget``; a press that propagates takes ``--propagate-layer``
+    and ``--propagate-share``, or loses its propagation under ``--full-prefill``."""
     from ragsnap.compression import make_press
+    from ragsnap.compression.propagate import propagation_of, without_propagation
+
+    press = make_press(name, budget=args.budget)
+    if propagation_of(press) is None:
+        return press
+    if args.full_prefill:
+        return without_propagation(press)
+    layer, share = args.propagate_layer, args.propagate_share
+    if layer is None and share is None:
+        return press
+    return make_press(name, budget=args.budget, propagate_layer=layer, propagate_share=share)
+
+
+def run(args: argparse.Namespace) -> int:
     from ragsnap.engine import RagSnapEngine
 
     if args.repeats < 1:
@@ -95,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     names = [name.strip() for name in args.press.split(",") if name.strip()]
     if not names:
         raise ConfigError("--press is empty", field="press")
-    presses = {name: make_press(name, budget=args.budget) for name in dict.fromkeys(names)}
+    presses = {name: _press(name, args) for name in dict.fromkeys(names)}
     with loading_model(args.model, args.device):
         engine = RagSnapEngine.load(
             args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision

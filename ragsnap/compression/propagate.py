@@ -144,37 +144,22 @@ def voting_parameters(press: Press) -> tuple[int, int, str]:
     return int(getattr(press, "window", 32) or 32), 7, "max"
 
 
-def budget_need(press: Press, model_config: Any, length: int, first: int) -> int:
-    """The most entries any layer ``>= first`` keeps per KV head under ``press`` for a
-    ``length``-token prompt: the fewest tokens that may propagate."""
+def budget_need(press: Press, length: int) -> int:
+    """The fewest tokens that may propagate for a ``length``-token prompt: the budget per
+    KV head of ``press``'s scorer (``ratio * length`` for a ratio), 0 for a press without
+    one. A profiled layer whose own budget is larger keeps every propagated token
+    (:func:`~ragsnap.compression.layer_budgets.split_budget` caps it at what the layer
+    holds and gives the rest to the other layers)."""
     from ragsnap.compression.base import ScorerPress
-    from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress, split_budget
 
     current: Any = press
     while current is not None and not isinstance(current, ScorerPress):
         current = getattr(current, "base", None)
     if current is None:
         return 0
-    text = getattr(model_config, "get_text_config", lambda: model_config)()
-    num_layers = int(text.num_hidden_layers)
-    window = int(current.window)
     if current.budget is not None:
-        uniform = int(current.budget)
-    else:
-        uniform = max(window, math.ceil(current.ratio * length))
-    if not isinstance(current, LayerBudgetSnapKVPress) or uniform <= window:
-        return uniform
-
-    class _Probe:  # what layer_shares reads of a layer
-        module = type("M", (), {"config": text})()
-
-    probe = _Probe()
-    probe.num_layers = num_layers  # type: ignore[attr-defined]
-    shares = current.layer_shares(probe)  # type: ignore[arg-type]
-    if shares is None:
-        return uniform
-    free = split_budget(uniform - window, shares, cap=max(length - window, 0))
-    return window + max(free[first:], default=0)
+        return int(current.budget)
+    return max(int(current.window), math.ceil(current.ratio * length))
 
 
 def _fingerprint(text_config: Any) -> str:

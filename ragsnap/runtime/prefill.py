@@ -240,7 +240,7 @@ def prefill(
                 press = press_list[0]
                 split.lower(input_ids[starts[-1] :], cache, starts[-1], voting_parameters(press))
                 assert split.votes is not None, "the vote hook did not run"
-                need = budget_need(press, model.config, length, split.layer)
+                need = budget_need(press, length)
                 keep = split.propagated_count(length, share, need)
                 if forced is None:
                     forced = torch.zeros(length, dtype=torch.bool)
