@@ -18,6 +18,7 @@ from ragsnap.api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStop
 from ragsnap.citations.options import CitationOptions
 from ragsnap.compression import make_press
 from ragsnap.compression.decode_snapkv import decode_compression
+from ragsnap.compression.propagate import without_propagation
 from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions
 from ragsnap.errors import ConfigError
@@ -218,9 +219,13 @@ def answer_options(
         )
     compression = compression or CompressionIn()
     decode_fields = {"decode_slack", "decode_window"}
-    fields = compression.model_dump(exclude={"press", *decode_fields}, exclude_none=True)
+    fields = compression.model_dump(
+        exclude={"press", "full_prefill", *decode_fields}, exclude_none=True
+    )
     try:
         press = make_press(compression.press or settings.default_press, **fields)
+        if compression.full_prefill or settings.full_prefill:
+            press = without_propagation(press)
         decode = decode_compression(compression.decode_slack, compression.decode_window)
     except ConfigError as exc:
         param = f"compression.{exc.field}" if exc.field else "compression"

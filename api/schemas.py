@@ -99,6 +99,22 @@ class CompressionIn(BaseModel):
         description="the first N answer tokens, drafted on the full cache, vote with the "
         "observation window (the default press drafts 8; 0 turns it off)",
     )
+    propagate_layer: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="query-aware prefill: layers 1..s see every prompt token (default: the "
+        "model's calibrated s; giving it turns propagation on)",
+    )
+    propagate_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="query-aware prefill: share of the prompt's tokens past layer s",
+    )
+    full_prefill: bool | None = Field(
+        default=None, description="force the full prefill path (no query-aware prefill)"
+    )
     decode_slack: int | None = Field(
         default=None,
         ge=1,

@@ -82,6 +82,11 @@ class Settings(BaseSettings):
         description="press of the requests that name none; `ragsnap` drafts no answer tokens "
         "before compressing (sooner first token, lower fidelity)",
     )
+    full_prefill: bool = Field(
+        default=False,
+        description="force the full prefill path: presses that propagate (query-aware "
+        "prefill) run without it",
+    )
     corpus_dir: str | None = Field(default=None, description="folder searched by the `query` field")
     served_model_name: str = Field(
         default="ragsnap", description="alias accepted as `model` on /v1"

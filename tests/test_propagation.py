@@ -270,3 +270,54 @@ def test_share_one_reproduces_the_full_path_on_the_embedded_model(engine) -> Non
     for a, b in zip(full.kept, split.kept, strict=True):
         assert torch.equal(a.indices, b.indices)
     assert _answer(engine.runtime, full, 12) == _answer(engine.runtime, split, 12)
+
+
+def test_cli_options_turn_propagation_on_and_the_switch_forces_the_full_path(monkeypatch) -> None:
+    import argparse
+
+    from ragsnap.cli.options import add_press_options, press_from_args
+
+    parser = argparse.ArgumentParser()
+    add_press_options(parser)
+
+    def press(*argv):
+        return press_from_args(parser.parse_args(list(argv)))
+
+    monkeypatch.delenv("RAGSNAP_FULL_PREFILL", raising=False)
+    on = press("--press", "snapkv", "--budget", "64", "--propagate-share", "0.3")
+    assert on.config()["propagate"] == {"layer": "auto", "share": 0.3}
+    named = press("--press", "ragsnap-propagate", "--propagate-layer", "9")
+    assert named.config()["propagate"] == {"layer": 9, "share": "auto"}
+    assert propagation_of(press("--press", "ragsnap-propagate", "--full-prefill")) is None
+    monkeypatch.setenv("RAGSNAP_FULL_PREFILL", "1")
+    assert propagation_of(press("--press", "ragsnap-propagate")) is None
+    with pytest.raises(ConfigError) as info:
+        press("--press", "snapkv", "--propagate-share", "1.5")
+    assert info.value.field == "propagate_share"
+
+
+def test_api_request_field_and_setting_force_the_full_path() -> None:
+    from pydantic import ValidationError
+
+    from ragsnap.api.answering import answer_options
+    from ragsnap.api.schemas import CompressionIn
+    from ragsnap.api.settings import Settings
+
+    def options(settings=None, **fields):
+        return answer_options(
+            CompressionIn(press="ragsnap-propagate", **fields),
+            settings or Settings(),
+            max_new_tokens=8,
+            temperature=None,
+            top_p=None,
+            seed=None,
+        )
+
+    assert propagation_of(options().press) is not None
+    assert options(propagate_layer=5).press.config()["propagate"]["layer"] == 5
+    assert propagation_of(options(full_prefill=True).press) is None
+    assert propagation_of(options(Settings(full_prefill=True)).press) is None
+    for field, value in (("propagate_layer", 0), ("propagate_share", 0.0)):
+        with pytest.raises(ValidationError) as info:  # the app answers 422 naming it
+            CompressionIn(**{field: value})
+        assert info.value.errors()[0]["loc"] == (field,)

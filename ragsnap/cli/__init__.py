@@ -15,7 +15,16 @@ from typing import Any
 from ragsnap.errors import RagSnapError
 
 # subcommand modules, imported lazily so `ragsnap --help` stays fast
-SUBCOMMANDS = ("ask", "bench", "eval", "calibrate", "cache", "serve", "diagnose")
+SUBCOMMANDS = (
+    "ask",
+    "bench",
+    "eval",
+    "calibrate",
+    "calibrate_propagation",
+    "cache",
+    "serve",
+    "diagnose",
+)
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
+from ragsnap.compression.propagate import without_propagation
 from ragsnap.errors import ConfigError
 from ragsnap.generation import GenerationConfig
 from ragsnap.models import MATMUL_PRECISIONS
@@ -92,6 +93,27 @@ def add_press_tuning_options(group: argparse._ActionsContainer) -> None:
         "window (the default press drafts 8; 0 turns it off)",
     )
     group.add_argument(
+        "--propagate-layer",
+        type=int,
+        metavar="S",
+        help="query-aware prefill: layers 1..S see every prompt token, later ones only the "
+        "share the window chose (default: the model's calibrated s; implies propagation)",
+    )
+    group.add_argument(
+        "--propagate-share",
+        type=float,
+        metavar="P",
+        help="query-aware prefill: share of the prompt's tokens past layer S, in (0, 1] "
+        "(default: the model's calibrated p; implies propagation)",
+    )
+    group.add_argument(
+        "--full-prefill",
+        action="store_true",
+        default=None,
+        help="force the full prefill path: a press that propagates runs without it "
+        "($RAGSNAP_FULL_PREFILL=1)",
+    )
+    group.add_argument(
         "--decode-slack",
         type=int,
         help="decode-phase SnapKV: select again once a layer holds this many entries more "
@@ -113,7 +135,17 @@ def press_tuning_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "keep_instruction": getattr(args, "keep_instruction", False) or None,
         "lookup": getattr(args, "lookup", False) or None,
         "lookahead": getattr(args, "lookahead", None),
+        "propagate_layer": getattr(args, "propagate_layer", None),
+        "propagate_share": getattr(args, "propagate_share", None),
     }
+
+
+def full_prefill_forced(flag: bool | None = None) -> bool:
+    """Whether the full prefill path is forced: ``--full-prefill`` (``flag``), else
+    ``$RAGSNAP_FULL_PREFILL`` (1/true/yes/on)."""
+    if flag:
+        return True
+    return os.environ.get("RAGSNAP_FULL_PREFILL", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def add_document_order_option(parser: argparse.ArgumentParser) -> None:
@@ -154,7 +186,10 @@ def press_from_args(args: argparse.Namespace) -> Press:
         return make_press("full")
     if args.budget is not None and args.budget < 1:
         raise ConfigError(f"--budget must be positive, got {args.budget}", field="budget")
-    return make_press(args.press, **options)
+    press = make_press(args.press, **options)
+    if full_prefill_forced(getattr(args, "full_prefill", None)):
+        return without_propagation(press)
+    return press
 
 
 def generation_from_args(args: argparse.Namespace) -> GenerationConfig:

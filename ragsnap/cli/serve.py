@@ -86,6 +86,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also draft what followed the answer's last tokens in the prompt or the answer "
         "(default on)",
     )
+    parser.add_argument(
+        "--full-prefill",
+        action="store_true",
+        default=None,
+        help="force the full prefill path: presses that propagate (query-aware prefill) run "
+        "without it ($RAGSNAP_FULL_PREFILL)",
+    )
     ray = parser.add_argument_group("Ray Serve (pip install 'ragsnap[ray]')")
     ray.add_argument(
         "--ray",
@@ -131,6 +138,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
         "speculate": args.speculate,
         "speculate_ngrams": args.speculate_ngrams,
         "commit_lookahead": args.commit_lookahead,
+        "full_prefill": args.full_prefill,
     }
     return {k: v for k, v in given.items() if v is not None}
 

@@ -26,7 +26,7 @@ class GridPoint:
 def press_accepts(name: str, option: str) -> bool:
     """Whether press ``name`` takes ``option`` (``keep_instruction``, ``lookup`` and
     ``lookahead`` wrap any press)."""
-    if option in ("keep_instruction", "lookup", "lookahead"):
+    if option in ("keep_instruction", "lookup", "lookahead", "propagate_layer", "propagate_share"):
         return True
     factory = PRESSES.get(name)
     return factory is not None and option in inspect.signature(factory).parameters

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ragsnap.compression import Press
+from ragsnap.compression.propagate import propagation_of
 from ragsnap.compression.words import word_starts
 from ragsnap.generation import GenerationConfig, stop_token_ids
 from ragsnap.models import LoadedModel
@@ -148,6 +149,8 @@ class ModelRuntime:
         0 elsewhere, or when there is no tail to split off."""
         if layout is None or self.loaded.matmul_precision != "medium":
             return self.new_cache(), 0, 0.0
+        if any(propagation_of(p) is not None and p.window_only for p in presses):
+            return self.new_cache(), 0, 0.0  # query-aware prefill runs the whole prompt
         start = min((_prefill.tail_start(layout, p) for p in presses), default=0)
         if start <= 0:
             return self.new_cache(), 0, 0.0
@@ -231,7 +234,21 @@ class ModelRuntime:
     ) -> list[PrefillResult]:
         """One prefill, several presses: each result has its own compressed cache. Given
         the prompt's ``layout`` (of ``input_ids``), it is computed as the engine computes it
-        (:meth:`_documents_first`)."""
+        (:meth:`_documents_first`). A press that propagates (query-aware prefill) gets a
+        prefill of its own, as a request with that press would."""
+        own = [i for i, p in enumerate(presses) if propagation_of(p) is not None and p.window_only]
+        if own:
+            shared = [p for i, p in enumerate(presses) if i not in own]
+            rest = iter(
+                self.prefill_many(input_ids, shared, roles, focus, layout) if shared else []
+            )
+            forced = None if layout is None else forced_positions(self.tokenizer, layout)
+            return [
+                self.prefill(input_ids, p, roles=roles, focus=focus, forced=forced)
+                if i in own
+                else next(rest)
+                for i, p in enumerate(presses)
+            ]
         cache, start, documents_s = self._documents_first(layout, presses, None)
         results = _prefill.prefill(
             self.model,
