@@ -85,6 +85,17 @@ class ServiceMetrics:
             "tokens of assembled document prefixes recomputed with the full context",
             registry=r,
         )
+        self.prefill_paths = Counter(
+            "ragsnap_prefill_paths",
+            "computed prompts by prefill path (full, propagate: query-aware prefill)",
+            ["path"],
+            registry=r,
+        )
+        self.propagated_tokens = Counter(
+            "ragsnap_propagated_tokens",
+            "prompt tokens that query-aware prefills ran past their split layer",
+            registry=r,
+        )
         self.decode_drafts = Counter(
             "ragsnap_decode_draft_tokens",
             "drafted tokens decode steps fed (proposed) and the model confirmed (kept)",
@@ -171,6 +182,10 @@ class ServiceMetrics:
             self.reused_documents.inc(stats.reused_documents)
         if stats.recomputed_tokens:
             self.recomputed_tokens.inc(stats.recomputed_tokens)
+        if stats.prefill_tokens:
+            self.prefill_paths.labels(stats.prefill_path).inc()
+        if stats.propagated_tokens:
+            self.propagated_tokens.inc(stats.propagated_tokens)
         if stats.drafts_proposed:
             self.decode_drafts.labels("proposed").inc(stats.drafts_proposed)
             self.decode_drafts.labels("kept").inc(stats.drafts_kept)

@@ -51,10 +51,17 @@ def span_retention(result: PrefillResult, positions: Sequence[int]) -> torch.Ten
 class Diagnosis:
     press: str
     retention: torch.Tensor  # [layers, Hkv]
+    # which prefill computed it (query-aware prefill: the split layer and tokens past it)
+    prefill_path: str = "full"
+    propagate_layer: int | None = None
+    propagated_tokens: int | None = None
 
     def summary(self) -> dict[str, object]:
         return {
             "press": self.press,
+            "prefill_path": self.prefill_path,
+            "propagate_layer": self.propagate_layer,
+            "propagated_tokens": self.propagated_tokens,
             "mean_retention": round(float(self.retention.mean()), 4),
             "heads_with_whole_span": int((self.retention == 1).sum()),
             "heads": int(self.retention.numel()),
@@ -73,7 +80,13 @@ def diagnose(
     positions = answer_positions(engine, layout, answer)
     results = engine.runtime.prefill_many(layout.input_ids, presses, layout=layout)
     return positions, [
-        Diagnosis(press=r.press_config["press"], retention=span_retention(r, positions))
+        Diagnosis(
+            press=r.press_config["press"],
+            retention=span_retention(r, positions),
+            prefill_path=r.prefill_path,
+            propagate_layer=r.propagate_layer,
+            propagated_tokens=r.propagated_tokens,
+        )
         for r in results
     ]
 

@@ -47,6 +47,13 @@ class AnswerStats:
     stop_sequence: str | None = None  # the stop string that ended the answer
     decode_reselections: int = 0  # layer selections of decode-phase SnapKV
     drafted_tokens: int = 0  # answer tokens drafted on the full cache to vote (lookahead)
+    # which prefill computed the prompt: full | propagate (query-aware: layers from
+    # propagate_layer on ran over propagated_tokens of the prompt); full_path_reason: why
+    # a press that asked for propagation took the full path
+    prefill_path: str = "full"
+    propagate_layer: int | None = None
+    propagated_tokens: int | None = None
+    full_path_reason: str | None = None
     drafts_proposed: int = 0  # drafted tokens decode steps fed for the model to check
     drafts_kept: int = 0  # of them, those the model confirmed (answer tokens it gave)
     dropped_doc_ids: list[str] = field(default_factory=list)

@@ -163,6 +163,7 @@ def test_the_path_is_part_of_the_press_config_and_the_switch_removes_it() -> Non
     assert without_propagation(prop).config() == base.config()
     named = make_press("ragsnap-propagate", budget=40, window=8)
     assert isinstance(named, PropagatePress) and named.config()["propagate"]["layer"] == "auto"
+    assert len(named.config()["propagate"]["calibration"]) == 16  # auto follows the packaged
 
 
 def test_exact_hit_keys_differ_between_paths() -> None:
@@ -285,9 +286,9 @@ def test_cli_options_turn_propagation_on_and_the_switch_forces_the_full_path(mon
 
     monkeypatch.delenv("RAGSNAP_FULL_PREFILL", raising=False)
     on = press("--press", "snapkv", "--budget", "64", "--propagate-share", "0.3")
-    assert on.config()["propagate"] == {"layer": "auto", "share": 0.3}
+    assert on.config()["propagate"]["layer"] == "auto" and on.config()["propagate"]["share"] == 0.3
     named = press("--press", "ragsnap-propagate", "--propagate-layer", "9")
-    assert named.config()["propagate"] == {"layer": 9, "share": "auto"}
+    assert named.config()["propagate"]["layer"] == 9
     assert propagation_of(press("--press", "ragsnap-propagate", "--full-prefill")) is None
     monkeypatch.setenv("RAGSNAP_FULL_PREFILL", "1")
     assert propagation_of(press("--press", "ragsnap-propagate")) is None
@@ -321,3 +322,36 @@ def test_api_request_field_and_setting_force_the_full_path() -> None:
         with pytest.raises(ValidationError) as info:  # the app answers 422 naming it
             CompressionIn(**{field: value})
         assert info.value.errors()[0]["loc"] == (field,)
+
+
+def test_a_new_document_set_takes_the_fast_path_and_a_recurring_one_gets_its_prefix(
+    tmp_path,
+) -> None:
+    from ragsnap.cache import open_store
+    from ragsnap.documents import Document
+    from ragsnap.engine import AnswerOptions, RagSnapEngine
+
+    engine = RagSnapEngine(tiny_engine("llama").loaded, store=open_store(f"file://{tmp_path}"))
+    words = random_prompt(240, seed=9)
+    docs = [
+        Document(id="a", title="t3", text=" ".join(f"t{t}" for t in words[:120])),
+        Document(id="b", title="t4", text=" ".join(f"t{t}" for t in words[120:])),
+    ]
+    press = make_press("snapkv", budget=24, window=8, propagate_layer=2, propagate_share=0.5)
+    opts = AnswerOptions(
+        press=press, generation=GenerationConfig(max_new_tokens=4), document_order="given"
+    )
+
+    def stats(question):
+        return engine.answer(question, docs, opts).stats
+
+    first = stats("t5 t6 t7")
+    assert (first.cache, first.prefill_path) == ("miss", "propagate")
+    assert first.propagated_tokens is not None and first.propagated_tokens < first.prompt_tokens
+    second = stats("t8 t9 t10")  # the set recurs: full prefill, its prefix entry stored
+    assert (second.cache, second.prefill_path) == ("miss", "full")
+    third = stats("t11 t12 t13")
+    assert (third.cache, third.prefill_path) == ("prefix-hit", "full")
+    assert "prefix" in third.full_path_reason
+    again = stats("t5 t6 t7")  # the first question's entry: an exact hit
+    assert again.cache == "hit"

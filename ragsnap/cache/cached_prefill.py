@@ -14,6 +14,10 @@ document hit  the prefix is assembled from per-document pieces (any order, any c
 miss          the prompt is prefilled, in the same two steps when a prefix entry is wanted
               (prefix, then tail), so a later prefix hit repeats exactly this computation;
               the pieces of its documents are computed and stored after the answer.
+              A press that propagates (query-aware prefill) computes a document set seen
+              for the first time in one query-aware pass, storing no prefix entry; when
+              the set recurs it is prefilled in the two steps above (prefix entry stored),
+              so its later requests are prefix hits (their tails on the full path).
 
 A computed compressed entry is written after the answer (with the prefix entry), and serves
 this process's requests for it from memory until then (:mod:`ragsnap.cache.unwritten`).
@@ -26,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -50,6 +55,7 @@ from ragsnap.cache.store import EntryKey, KVStore, StoreUnavailable
 from ragsnap.cache.unwritten import UnwrittenEntries
 from ragsnap.compression import Press
 from ragsnap.compression.lookup_focus import uses_focus
+from ragsnap.compression.propagate import propagation_of
 from ragsnap.lookup import prompt_focus
 from ragsnap.models import LoadedModel
 from ragsnap.runtime.blend import DEFAULT_SELECTION
@@ -64,6 +70,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FLIGHT_WAIT_S = 600.0
+# document prefixes remembered as seen by query-aware prefill (keys only, oldest dropped)
+SEEN_PREFIXES = 4096
 # document prefixes kept in memory: ten 2K-token prompts of the embedded model in float32
 DEFAULT_PREFIX_MEMORY_BYTES = 1 << 30
 # compressed entries waiting for their write: twenty of 2K tokens at budget 256, float32
@@ -158,6 +166,8 @@ class CachedPrefill:
             if document_cache
             else None
         )
+        # document prefixes a query-aware prefill served once (see _compute)
+        self.seen_prefixes: OrderedDict[EntryKey, None] = OrderedDict()
 
     # -- keys -------------------------------------------------------------------------
 
@@ -429,6 +439,13 @@ class CachedPrefill:
                     assembled.seconds,
                     assembled.recomputed,
                 )
+        if prefix is None and self._first_sight(pkey, press):
+            # query-aware prefill needs no full document KV: a document set seen for the
+            # first time takes it (no prefix entry); one that recurs gets the full prefill
+            # and its prefix entry, so its later requests are prefix hits
+            return self.runner.prefill_prompt(
+                layout, press, on_chunk=on_chunk, roles=roles, focus=focus
+            )
         if prefix is None:
             prefix_started = time.perf_counter()
             prefix = self.runner.prefill_full(layout.input_ids[: layout.prefix_len], on_chunk)
@@ -450,6 +467,19 @@ class CachedPrefill:
         result.prefill_s += prefix_s  # the figures cover both passes of a miss
         result.processed_tokens += prefix_tokens
         return result
+
+    def _first_sight(self, pkey: EntryKey, press: Press) -> bool:
+        """Whether ``press`` propagates and this is the first time its prefix is computed
+        here (then it is remembered: the next time is a recurrence)."""
+        if propagation_of(press) is None or not press.window_only:
+            return False
+        if pkey in self.seen_prefixes:
+            self.seen_prefixes.move_to_end(pkey)
+            return False
+        self.seen_prefixes[pkey] = None
+        while len(self.seen_prefixes) > SEEN_PREFIXES:
+            self.seen_prefixes.popitem(last=False)
+        return True
 
     def _prefix_payload(self, prefix: Layers, layout: PromptLayout) -> Callable[[], bytes]:
         loaded = self.loaded

@@ -187,6 +187,14 @@ def print_summary(done: DoneEvent) -> None:
             else ""
         )
         + f", cache {stats.cache}"
+        + (
+            f", prefill path propagate (layer {stats.propagate_layer}, "
+            f"{stats.propagated_tokens} tokens past it)"
+            if stats.prefill_path == "propagate"
+            else f", full prefill path ({stats.full_path_reason})"
+            if stats.full_path_reason
+            else ""
+        )
         + _cache_detail(stats)
     )
 

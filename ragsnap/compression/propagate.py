@@ -17,6 +17,7 @@ values packaged for the model (``ragsnap/compression/profiles/propagation/``, wr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -89,7 +90,10 @@ class PropagatePress(WrapperPress):
             check_share(self.share)  # type: ignore[arg-type]
 
     def config(self) -> dict[str, Any]:
-        return {**self.base.config(), "propagate": {"layer": self.layer, "share": self.share}}
+        path: dict[str, Any] = {"layer": self.layer, "share": self.share}
+        if "auto" in (self.layer, self.share):  # entries follow the packaged calibration
+            path["calibration"] = _calibration_digest()
+        return {**self.base.config(), "propagate": path}
 
     def compress(self, layer: LayerContext) -> CompressedLayer:
         return self.base.compress(layer)
@@ -170,6 +174,17 @@ def _fingerprint(text_config: Any) -> str:
 
 def _propagation_dir() -> Any:
     return resources.files("ragsnap.compression").joinpath("profiles").joinpath("propagation")
+
+
+@cache
+def _calibration_digest() -> str:
+    directory = _propagation_dir()
+    files = sorted(
+        (entry.name, entry.read_bytes())
+        for entry in (directory.iterdir() if directory.is_dir() else [])
+        if entry.name.endswith(".json")
+    )
+    return hashlib.sha256(repr(files).encode()).hexdigest()[:16]
 
 
 @cache
