@@ -68,6 +68,31 @@ class RequestLogMiddleware:
 
 
 DOC_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+METRICS_PATH = "/metrics"
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_ANY_ADDRESS = frozenset({"0.0.0.0", "::", ""})
+
+
+def accepted_hosts(settings: Settings) -> set[str]:
+    """The ``Host`` names the server answers: ``allowed_hosts`` when set; any (``*``) with
+    API keys; else the names of the bind address, so a web page on another origin cannot
+    reach a local, keyless server through a name it controls (DNS rebinding)."""
+    if settings.allowed_hosts:
+        return {h.strip().lower() for h in settings.allowed_hosts if h.strip()}
+    if settings.auth_enabled:
+        return {"*"}
+    bind = _host_name(settings.host)
+    names = {*LOCAL_NAMES, bind} - {""}
+    if bind in _ANY_ADDRESS:  # every interface: the machine's own names and addresses too
+        import socket
+
+        hostname = socket.gethostname()
+        names |= {hostname.lower(), socket.getfqdn().lower()}
+        try:
+            names |= set(socket.gethostbyname_ex(hostname)[2])
+        except OSError:
+            pass
+    return names
 
 
 class GuardMiddleware:
@@ -85,7 +110,12 @@ class GuardMiddleware:
         self.app = app
         self.settings = settings
         self.namespaces = settings.key_digests()
-        self.hosts = {h.strip().lower() for h in settings.allowed_hosts if h.strip()}
+        self.hosts = accepted_hosts(settings)
+        self.metrics_digest = (
+            hashlib.sha256(settings.metrics_key.get_secret_value().encode("utf-8")).hexdigest()
+            if settings.metrics_key is not None
+            else None
+        )
         rate = settings.rate_limit_per_minute
         self.buckets = (
             TokenBuckets(rate / 60.0, settings.rate_limit_burst or rate) if rate > 0 else None
@@ -100,6 +130,12 @@ class GuardMiddleware:
             return
         path = scope["path"]
         api = path.startswith("/v1/")
+        if path == METRICS_PATH and self.settings.auth_enabled:
+            # request and cache counts can tell whether another tenant's question was cached
+            problem = self._authenticate(scope, extra=self.metrics_digest)[1]
+            if problem:
+                await _reject(scope, receive, send, *problem)
+                return
         if not api and not (path in DOC_PATHS and self.settings.docs_mode == "auth"):
             await self.app(scope, receive, send)
             return
@@ -156,7 +192,11 @@ class GuardMiddleware:
             for allowed in self.hosts
         )
 
-    def _authenticate(self, scope: Scope) -> tuple[str, tuple[int, str, str] | None]:
+    def _authenticate(
+        self, scope: Scope, extra: str | None = None
+    ) -> tuple[str, tuple[int, str, str] | None]:
+        """The caller's namespace, or the rejection. ``extra``: one more accepted key's
+        sha256 (the metrics key), with no namespace of its own."""
         if not self.settings.auth_enabled:
             return "default", None
         values = [v for k, v in scope.get("headers", []) if k.lower() == b"authorization"]
@@ -178,6 +218,8 @@ class GuardMiddleware:
         for known, namespace in self.namespaces.items():
             if hmac.compare_digest(known, digest):
                 found = namespace
+        if extra is not None and hmac.compare_digest(extra, digest):
+            found = found or "metrics"
         return (found, None) if found else ("", (401, "invalid API key", "invalid_api_key"))
 
 

@@ -102,7 +102,14 @@ class Settings(BaseSettings):
     # auth = /openapi.json and /docs need a key too; off = never served
     docs: Literal["auto", "public", "auth", "off"] = "auto"
     # Host header values accepted (DNS rebinding guard); "*" accepts any. Ports are ignored.
-    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["*"])
+    # Unset: any Host when API keys are set; without keys, only the names of the address
+    # the server binds to (localhost names, the bind address; the machine's names on 0.0.0.0)
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    metrics_key: SecretStr | None = Field(
+        default=None,
+        description="with API keys set, /metrics needs an API key or this key (a scraper's "
+        "bearer token that opens nothing else)",
+    )
 
     # request limits
     max_documents: int = Field(default=32, ge=1)

@@ -11,7 +11,7 @@ import uuid
 from urllib.parse import urlsplit
 
 import pytest
-from fastapi.testclient import TestClient
+from tests.local_client import LocalClient
 
 from tests.api_helpers import DOCS, FAST, running_server
 
@@ -38,7 +38,7 @@ def client(engine):
         max_prompt_tokens=120,
         max_new_tokens_limit=8,
     )
-    with TestClient(app) as test_client:
+    with LocalClient(app) as test_client:
         yield test_client
 
 
@@ -115,7 +115,7 @@ def test_out_of_range_sampling_values_are_refused(client, field, value):
 
 
 def test_the_schema_states_the_sampling_bounds(engine):
-    with TestClient(_app(engine)) as public:
+    with LocalClient(_app(engine)) as public:
         schema = public.get("/openapi.json").json()["components"]["schemas"]
     seed = next(s for s in schema["AnswerRequest"]["properties"]["seed"]["anyOf"] if "type" in s)
     assert seed.get("type") == "integer"
@@ -178,7 +178,7 @@ def test_two_authorization_headers_are_refused_whichever_comes_first(client):
 
 def test_hosts_outside_allowed_hosts_are_refused(engine):
     app = _app(engine, allowed_hosts="api.example.com,*.internal")
-    with TestClient(app) as guarded:
+    with LocalClient(app) as guarded:
         for host in ("evil.example", "api.example.com.evil.example", "internal"):
             error = error_of(guarded.get("/healthz", headers={"Host": host}), 400)
             assert error["code"] == "invalid_host"
@@ -190,15 +190,15 @@ def test_hosts_outside_allowed_hosts_are_refused(engine):
 
 
 def test_docs_follow_the_auth_setting(engine):
-    with TestClient(_app(engine, api_keys=KEY)) as hidden:  # docs=auto with keys: off
+    with LocalClient(_app(engine, api_keys=KEY)) as hidden:  # docs=auto with keys: off
         assert hidden.get("/openapi.json").status_code == 404
         assert hidden.get("/docs").status_code == 404
-    with TestClient(_app(engine, api_keys=KEY, docs="auth")) as keyed:
+    with LocalClient(_app(engine, api_keys=KEY, docs="auth")) as keyed:
         assert error_of(keyed.get("/openapi.json"), 401)["code"] == "missing_api_key"
         assert keyed.get("/openapi.json", headers=AUTH).json()["info"]["title"] == "ragsnap"
-    with TestClient(_app(engine, api_keys=KEY, docs="public")) as public:
+    with LocalClient(_app(engine, api_keys=KEY, docs="public")) as public:
         assert public.get("/openapi.json").status_code == 200
-    with TestClient(_app(engine)) as open_server:  # docs=auto without keys: public
+    with LocalClient(_app(engine)) as open_server:  # docs=auto without keys: public
         assert open_server.get("/docs").status_code == 200
 
 
@@ -207,7 +207,7 @@ def test_docs_follow_the_auth_setting(engine):
 
 def test_rate_limit_is_per_key_with_retry_after(engine):
     app = _app(engine, api_keys=f"{KEY},{OTHER_KEY}", rate_limit_per_minute=2)
-    with TestClient(app) as limited:
+    with LocalClient(app) as limited:
         assert [limited.get("/v1/models", headers=AUTH).status_code for _ in range(2)] == [
             200,
             200,
@@ -262,16 +262,18 @@ def test_readyz_asks_redis_and_names_no_server_path(engine, redis_factory, tmp_p
     from ragsnap.engine import RagSnapEngine
 
     server = redis_factory()
-    eng = RagSnapEngine(engine.loaded, store=open_store(server.url))
-    with TestClient(_app(eng, cache_ping_interval_s=0)) as ready:
-        assert ready.get("/readyz").json()["cache"]["state"] == "ok"
+    eng = RagSnapEngine(engine.loaded, store=open_store(server.url, key="k"))
+    with LocalClient(_app(eng, cache_ping_interval_s=0)) as ready:
+        text = ready.get("/readyz").text
+        assert json.loads(text)["cache"] == {"state": "ok", "backend": "redis"}
+        assert str(server.port) not in text and "127.0.0.1" not in text
         server.stop()  # nothing asked the cache since: only a ping can know
         body = ready.get("/readyz").json()
         assert body["cache"]["state"] == "unavailable"
         server.start()
         assert ready.get("/readyz").json()["cache"]["state"] == "ok"
     eng = RagSnapEngine(engine.loaded, store=open_store(f"file://{tmp_path}"))
-    with TestClient(_app(eng)) as local:
+    with LocalClient(_app(eng)) as local:
         text = local.get("/readyz").text
         assert json.loads(text)["cache"] == {"state": "ok", "backend": "file"}
         assert str(tmp_path) not in text
@@ -289,7 +291,7 @@ def test_a_damaged_entry_is_counted_in_metrics(engine, tmp_path):
         hit_memory_bytes=0,
     )
     ns_docs = [{"id": uuid.uuid4().hex, "text": "The Moon pulls the oceans."}]
-    with TestClient(_app(eng)) as served:
+    with LocalClient(_app(eng)) as served:
         first = served.post("/v1/answer", json=native(documents=ns_docs)).json()
         assert first["stats"]["cache"] == "miss"
         deadline = time.monotonic() + 30

@@ -58,7 +58,7 @@ def test_speculation_is_a_bounded_setting(monkeypatch):
 
 
 def test_prompts_prefill_on_every_core_unless_told(monkeypatch):
-    from fastapi.testclient import TestClient
+    from tests.local_client import LocalClient
 
     from ragsnap.api.app import create_app
     from ragsnap.api.settings import Settings
@@ -74,13 +74,13 @@ def test_prompts_prefill_on_every_core_unless_told(monkeypatch):
     monkeypatch.delenv("RAGSNAP_PREFILL_THREADS")
     engine = tiny_engine("llama")
     for settings, expected in ((Settings(), available_cores()), (Settings(prefill_threads=1), 1)):
-        with TestClient(create_app(settings, engine=engine)) as client:
+        with LocalClient(create_app(settings, engine=engine)) as client:
             assert client.get("/readyz").status_code == 200
             assert client.app.state.services.worker.scheduler.prefill_threads == expected
 
 
 def test_a_server_with_a_prefix_tier_reserves_its_batch_memory_at_start(tmp_path):
-    from fastapi.testclient import TestClient
+    from tests.local_client import LocalClient
 
     from ragsnap.api.app import create_app
     from ragsnap.api.settings import Settings
@@ -95,7 +95,7 @@ def test_a_server_with_a_prefix_tier_reserves_its_batch_memory_at_start(tmp_path
     for tokens, store in ((96, f"file://{tmp_path}"), (0, f"file://{tmp_path}"), (96, "none")):
         engine = RagSnapEngine(loaded, store=open_store(store))
         settings = Settings(max_batch=3, reserve_prefix_tokens=tokens)
-        with TestClient(create_app(settings, engine=engine)) as client:
+        with LocalClient(create_app(settings, engine=engine)) as client:
             assert client.get("/readyz").status_code == 200
         scratch = engine.runtime._tail_scratch
         if tokens and store != "none":

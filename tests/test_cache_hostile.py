@@ -77,13 +77,24 @@ def test_folders_and_files_are_private_whatever_the_umask(tmp_path):
     assert locks and all(_mode(p) & 0o077 == 0 for p in locks)
 
 
-def test_an_existing_open_folder_is_made_private(tmp_path):
+def test_existing_folders_keep_their_mode_and_an_open_one_is_reported(tmp_path, caplog):
     root = tmp_path / "kv"
     (root / "default").mkdir(parents=True)
     os.chmod(root, 0o755)
     os.chmod(root / "default", 0o777)
     FileKVStore(root).put(_key(), b"x")
-    assert _mode(root) == 0o700 and _mode(root / "default") == 0o700
+    FileKVStore(root).put(_key("other"), b"y")
+    assert _mode(root) == 0o755 and _mode(root / "default") == 0o777
+    assert _mode(root / "other") == 0o700 and _mode(root / ".locks") == 0o700  # made here
+    assert "readable by others" in caplog.text
+
+
+def test_missing_parents_are_made_private_and_present_ones_left_alone(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    root = tmp_path / "a" / "b"
+    FileKVStore(root).put(_key(), b"x")
+    assert _mode(tmp_path) == 0o755
+    assert _mode(tmp_path / "a") == 0o700 and _mode(root) == 0o700
 
 
 def test_a_namespace_named_like_the_lock_folder_does_not_collide(tmp_path):
@@ -275,7 +286,7 @@ def test_bad_redis_url_options_are_one_config_error(query):
 def test_redis_ping_asks_the_server(redis_factory):
     pytest.importorskip("redis")
     server = redis_factory()
-    store = open_store(server.url)
+    store = open_store(server.url, key="k")
     assert store.ping(0.5) is True
     server.stop()
     assert store.ping(0.5) is False
@@ -297,7 +308,7 @@ def test_redis_auth_urls_work_and_never_show_the_password(redis_factory):
         assert store.put(key, b"payload") and store.get(key) == b"payload"
         assert "s3cret-pw" not in store.describe() and "s3cret-pw" not in str(store.stats())
         assert store.ping(0.5) is True
-    with open_store(f"redis://127.0.0.1:{server.port}/0") as anonymous:
+    with open_store(f"redis://127.0.0.1:{server.port}/0", key="k") as anonymous:
         assert anonymous.ping(0.5) is False
         with pytest.raises(StoreUnavailable):
             anonymous.get(_key())

@@ -196,7 +196,7 @@ def test_the_engine_reports_the_drafted_tokens_and_keys_the_press_by_them(engine
 
 
 def test_the_service_drafts_with_its_default_press_and_not_when_told(engine) -> None:
-    from fastapi.testclient import TestClient
+    from tests.local_client import LocalClient
 
     from ragsnap.api.app import create_app
     from ragsnap.api.settings import Settings
@@ -205,7 +205,7 @@ def test_the_service_drafts_with_its_default_press_and_not_when_told(engine) -> 
     body = {"question": "What causes tides?", "documents": DOCS, "max_new_tokens": 4}
     stats = {}
     for default in ("ragsnap-lookahead", "ragsnap"):
-        with TestClient(create_app(Settings(default_press=default), engine=engine)) as client:
+        with LocalClient(create_app(Settings(default_press=default), engine=engine)) as client:
             plain = client.post("/v1/answer", json={**body, "compression": {"budget": 64}})
             off = client.post(
                 "/v1/answer", json={**body, "compression": {"budget": 64, "lookahead": 0}}

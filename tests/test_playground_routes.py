@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import re
 
-from fastapi.testclient import TestClient
+from tests.local_client import LocalClient
 
 from ragsnap.api.app import create_app
 from ragsnap.api.settings import Settings
 
 
-def client(**settings) -> TestClient:
-    return TestClient(create_app(Settings(**settings)))  # no `with`: the model never loads
+def client(**settings) -> LocalClient:
+    return LocalClient(create_app(Settings(**settings)))  # no `with`: the model never loads
 
 
 def test_page_and_assets_are_public_but_the_api_needs_the_key():

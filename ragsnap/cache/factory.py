@@ -1,17 +1,31 @@
 """The store URL factory: ``redis://``, ``rediss://``, ``unix://``, ``file://`` or ``none``.
 
 Backends are imported only when their scheme is asked for, so optional dependencies
-(redis-py, cryptography) stay optional.
+(redis-py) stay optional.
+
+Every store is sealed (encrypted and authenticated, :mod:`ragsnap.cache.sealed`) unless
+its URL says ``unsealed=1``: cached KV gives its prompt back (layer-0 keys and values
+depend on the token alone), and a store anyone can write to must not answer with a
+forged entry. The key is ``RAGSNAP_CACHE_KEY``; without one, a file store makes its own
+(:meth:`FileKVStore.sealing_key`), and a shared store (Redis) is refused: its processes
+and replicas must agree on the key, so it comes from configuration.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from urllib.parse import parse_qs
 
 from ragsnap.cache.store import CACHE_KEY_ENV, CACHE_URL_ENV, KVStore, NullKVStore, parse_size
 from ragsnap.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+UNSEALED_OPTION = "unsealed"
+_FILE_OPTIONS = ("max_bytes", UNSEALED_OPTION)
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
 def default_cache_dir() -> Path:
@@ -28,34 +42,74 @@ def default_cache_url() -> str:
 
 def _query(url: str) -> tuple[str, dict[str, str]]:
     base, _, query = url.partition("?")
-    return base, {k: v[-1] for k, v in parse_qs(query).items()}
+    return base, {k: v[-1] for k, v in parse_qs(query, keep_blank_values=True).items()}
+
+
+def _unsealed(url: str) -> tuple[str, bool]:
+    """``url`` without its ``unsealed`` option, and whether the option asked for plaintext."""
+    base, options = _query(url)
+    if UNSEALED_OPTION not in options:
+        return url, False
+    value = options.pop(UNSEALED_OPTION).strip().lower()
+    if value not in _TRUE | _FALSE:
+        raise ConfigError(
+            f"bad cache URL option: unsealed={value!r} (use 1 or 0)", field="cache"
+        )
+    rest = "&".join(f"{k}={v}" for k, v in options.items())
+    return (f"{base}?{rest}" if rest else base), value in _TRUE
 
 
 def open_store(url: str | None = None, key: str | None = None) -> KVStore:
     """The store for ``url``: ``redis://``, ``rediss://``, ``unix://``, ``file://PATH`` or ``none``.
 
     ``None`` (or an empty string) means :func:`default_cache_url`. Query options:
-    ``ttl`` (seconds, Redis), ``max_bytes`` (file store cap, accepts ``512MB``/``4GB``).
+    ``ttl`` (seconds, Redis), ``max_bytes`` (file store cap, accepts ``512MB``/``4GB``),
+    ``unsealed=1`` (store plaintext entries: only for a store nobody else can read or write).
     ``key`` (default ``$RAGSNAP_CACHE_KEY``) encrypts and authenticates every entry
-    (:class:`~ragsnap.cache.sealed.SealedKVStore`). Never connects: an unreachable Redis
-    shows up later as ``unavailable``. Raises :class:`ConfigError` for a URL it cannot use.
+    (:class:`~ragsnap.cache.sealed.SealedKVStore`); without one a file store makes its own
+    and a Redis store is refused. Never connects: an unreachable Redis shows up later as
+    ``unavailable``. Raises :class:`ConfigError` for a URL it cannot use.
     """
+    from ragsnap.cache.file_store import FileKVStore
+    from ragsnap.cache.sealed import SealedKVStore
+
+    url, unsealed = _unsealed((url or "").strip() or default_cache_url())
     store = _open_backend(url)
-    secret = key if key is not None else os.environ.get(CACHE_KEY_ENV, "")
-    if not secret or not store.enabled:
+    if not store.enabled:
         return store
-    try:
-        from ragsnap.cache.sealed import SealedKVStore
-    except ImportError as exc:
-        raise ConfigError(
-            "a cache key needs the cryptography package: pip install cryptography",
-            field="cache_key",
-        ) from exc
+    secret: str | bytes = key if key is not None else os.environ.get(CACHE_KEY_ENV, "")
+    if unsealed:
+        if secret:
+            raise ConfigError(
+                "the cache URL says unsealed=1 but a cache key is set: drop one of them",
+                field="cache",
+            )
+        logger.warning(
+            "cache entries at %s are stored UNSEALED: anyone who can read the store can "
+            "read the prompts back, and anyone who can write it can forge answers",
+            store.describe(),
+        )
+        return store
+    if not secret:
+        if not isinstance(store, FileKVStore):
+            raise ConfigError(
+                f"a shared cache ({store.scheme}://) needs a key that every process using it "
+                f"shares: set {CACHE_KEY_ENV} (for example to the output of "
+                "`python -c 'import secrets; print(secrets.token_hex(32))'`), or add "
+                "unsealed=1 to the URL to store plaintext entries",
+                field="cache_key",
+            )
+        try:
+            secret = store.sealing_key()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot make the cache's key file under {store.root}: {exc.strerror or exc}",
+                field="cache",
+            ) from exc
     return SealedKVStore(store, secret)
 
 
-def _open_backend(url: str | None) -> KVStore:
-    url = (url or "").strip() or default_cache_url()
+def _open_backend(url: str) -> KVStore:
     scheme = url.split(":", 1)[0].lower() if ":" in url else url.lower()
     if scheme in {"none", "off", "disabled"}:
         return NullKVStore()
@@ -78,6 +132,12 @@ def _open_backend(url: str | None) -> KVStore:
         if not path:
             raise ConfigError(
                 "a file:// cache URL needs a directory: file:///path/to/dir", field="cache"
+            )
+        unknown = sorted(set(options) - set(_FILE_OPTIONS))
+        if unknown:
+            raise ConfigError(
+                f"unknown file:// cache URL option {unknown[0]!r} (known: max_bytes, unsealed)",
+                field="cache",
             )
         max_bytes = options.get("max_bytes")
         return FileKVStore(

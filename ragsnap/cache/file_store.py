@@ -1,8 +1,11 @@
 """The embedded default store: one file per entry in a directory, with a size cap.
 
 Layout: ``ROOT/<namespace>/<kind>-<digest>.kv``; each file is a magic line, the sha256 of
-the payload and the payload. A cached KV is as sensitive as its documents, so folders are
-0700 and files 0600 whatever the umask. Writes go to a temporary file and are renamed into place, so
+the payload and the payload. A cached KV is as sensitive as its documents, so the folders
+the store creates are 0700 and its files 0600 whatever the umask; a folder that already
+exists keeps its mode (a warning when others may read it). The store only ever deletes
+what it wrote: a file is an entry when its name is ``<kind>-<64 hex>.kv`` and it starts
+with the magic line; anything else in the folders is left alone. Writes go to a temporary file and are renamed into place, so
 a reader sees a whole entry or none; reading touches the file's mtime, and the oldest
 files go first when the directory grows past ``max_bytes``. Eviction and per-entry
 computation hold :mod:`filelock` locks, so two processes can share one directory. A full
@@ -16,7 +19,9 @@ import errno
 import hashlib
 import logging
 import os
-import shutil
+import re
+import secrets
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -40,6 +45,38 @@ _STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
 _LOCK_STRIPES = 256
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+KEY_FILE = ".ragsnap-key"  # the sealing key made for this store when none is configured
+_ENTRY_NAME = re.compile(r"^[a-z]+-[0-9a-f]{64}\.kv$")
+# our own temporary files: .<entry name>.<pid>.<monotonic ns>.tmp
+_TMP_NAME = re.compile(r"^\.[a-z]+-[0-9a-f]{64}\.kv\.\d+\.\d+\.tmp$")
+
+
+def is_entry(path: Path) -> bool:
+    """Whether ``path`` is an entry this store wrote: its name, then its magic line."""
+    if not _ENTRY_NAME.match(path.name):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def make_private_dirs(path: Path) -> bool:
+    """Create ``path`` and its missing parents with mode 0700 (chmod after mkdir: the umask
+    filters mkdir's mode). Existing folders are left as they are. True when ``path`` existed."""
+    missing: list[Path] = []
+    current = path
+    while not current.is_dir():
+        missing.append(current)
+        current = current.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            continue  # made by another process meanwhile: theirs, as they made it
+        os.chmod(folder, DIR_MODE)
+    return not missing
 
 
 class FileKVStore(KVStore):
@@ -61,23 +98,49 @@ class FileKVStore(KVStore):
     def describe(self) -> str:
         return f"file://{self.root}"
 
-    def public_name(self) -> str:
-        return "file"  # the directory is a server path: logs only
-
     # -- paths and locks --------------------------------------------------------------
 
     def _path(self, key: EntryKey) -> Path:
         return self.root / key.label / f"{key.kind}-{key.digest}{SUFFIX}"
 
     def _ensure_dirs(self, *dirs: Path) -> None:
-        """Create ``root``, its lock folder and ``dirs``, all 0700 (chmod: mkdir's mode is
-        filtered by the umask and ignored for existing folders)."""
+        """Create whatever is missing of ``root``, its lock folder and ``dirs`` (0700)."""
         for d in (self.root, self._locks, *dirs):
             if d in self._private and d.is_dir():
                 continue
-            d.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-            os.chmod(d, DIR_MODE)
+            existed = make_private_dirs(d)
+            if existed and d == self.root:
+                mode = stat.S_IMODE(d.stat().st_mode)
+                if mode & 0o077:
+                    logger.warning(
+                        "file cache: %s is readable by others (mode %o); cached KV is as "
+                        "sensitive as its documents: use a private folder",
+                        d,
+                        mode,
+                    )
             self._private.add(d)
+
+    def sealing_key(self) -> bytes:
+        """This store's own sealing key, made on first use: 32 random bytes in
+        ``ROOT/.ragsnap-key``, readable by its owner only. Every process that opens the
+        folder shares it; an entry written under another key is a miss."""
+        self._ensure_dirs()
+        path = self.root / KEY_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        except FileExistsError:
+            for _ in range(50):  # another process may be writing it right now
+                text = path.read_text(encoding="ascii").strip()
+                if text:
+                    if stat.S_IMODE(path.stat().st_mode) & 0o077:
+                        logger.warning("file cache: %s is readable by others", path)
+                    return bytes.fromhex(text)
+                time.sleep(0.01)
+            raise OSError(f"the cache key file {path} is empty") from None
+        key = secrets.token_bytes(32)
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(key.hex() + "\n")
+        return key
 
     def _lock(self, name: str) -> FileLock:
         return FileLock(str(self._locks / name), mode=FILE_MODE)
@@ -185,11 +248,13 @@ class FileKVStore(KVStore):
                 entries = sorted(
                     (st.st_mtime, st.st_size, path)
                     for path, st in self._entries()
-                    if path.suffix == SUFFIX and path != keep
+                    if path != keep and _ENTRY_NAME.match(path.name)
                 )
                 for _, size, path in entries:
                     if freed >= needed:
                         break
+                    if not is_entry(path):
+                        continue
                     path.unlink(missing_ok=True)
                     freed += size
         except OSError as exc:
@@ -230,17 +295,17 @@ class FileKVStore(KVStore):
                 now = time.time()
                 entries = []
                 for path, st in self._entries():
-                    if path.name.endswith(".tmp"):
+                    if _TMP_NAME.match(path.name):
                         if now - st.st_mtime > _STALE_TMP_S:
                             path.unlink(missing_ok=True)
                         continue
-                    if path.suffix == SUFFIX:
+                    if _ENTRY_NAME.match(path.name):  # the magic line is read before a delete
                         entries.append((st.st_mtime, st.st_size, path))
                 total = sum(size for _, size, _ in entries)
                 for _, size, path in sorted(entries):
                     if total <= self.max_bytes:
                         break
-                    if path == keep:
+                    if path == keep or not is_entry(path):
                         continue
                     path.unlink(missing_ok=True)
                     total -= size
@@ -249,17 +314,23 @@ class FileKVStore(KVStore):
             logger.warning("file cache: eviction failed: %s", exc)
 
     def clear(self, namespace: str | None = None) -> int:
+        """Delete the entries (of ``namespace``); other files stay. Folders left empty go."""
         removed = 0
+        folders = set()
         for path, _ in list(self._entries(namespace)):
-            if path.suffix == SUFFIX:
+            if is_entry(path):
                 path.unlink(missing_ok=True)
                 removed += 1
-        if namespace is not None:
-            shutil.rmtree(self.root / namespace_label(namespace), ignore_errors=True)
+                folders.add(path.parent)
+        for folder in folders:
+            try:
+                folder.rmdir()  # only when nothing else is in it
+            except OSError:
+                pass
         return removed
 
     def stats(self, namespace: str | None = None) -> dict[str, Any]:
-        sizes = [st.st_size for path, st in self._entries(namespace) if path.suffix == SUFFIX]
+        sizes = [st.st_size for path, st in self._entries(namespace) if is_entry(path)]
         return {
             "backend": "file",
             "url": self.describe(),

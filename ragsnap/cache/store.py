@@ -128,8 +128,9 @@ class KVStore(ABC):
         return self.scheme
 
     def public_name(self) -> str:
-        """What a response may say about the store: no credentials and no server paths."""
-        return self.describe()
+        """What a response may say about the store: its kind only (no host, port, database,
+        credentials or server path)."""
+        return self.scheme or "none"
 
     @contextmanager
     def exclusive(self, key: EntryKey, wait_s: float = 300.0) -> Iterator[None]:
