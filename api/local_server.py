@@ -14,7 +14,10 @@ def running_server(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve ``app`` on a free port of ``host`` until the block ends; yields its base URL."""
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=0, log_level="warning", lifespan="on")
+    from ragsnap.api.http_protocol import server_options
+
+    options = server_options(app.state.settings) if hasattr(app.state, "settings") else {}
+    config = uvicorn.Config(app, host=host, port=0, log_level="warning", lifespan="on", **options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="ragsnap-uvicorn", daemon=True)
     thread.start()

@@ -127,6 +127,22 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="a request body must arrive within this (408)"
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="a request's line and headers must arrive within this of their first byte "
+        "(or of the connection): else 408 and the connection closes",
+    )
+    idle_timeout_s: int = Field(
+        default=5, ge=1, le=3600, description="an idle keep-alive connection closes after this"
+    )
+    max_connections: int = Field(
+        default=1024,
+        ge=1,
+        le=1_000_000,
+        description="open connections per server; one more is answered 503 and closed at once",
+    )
     # per API key (per client address without keys); 0 = no limit
     rate_limit_per_minute: int = Field(default=0, ge=0)
     rate_limit_burst: int | None = Field(

@@ -202,5 +202,14 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    from ragsnap.api.http_protocol import server_options
+
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        **server_options(settings),
+    )
     return 0
