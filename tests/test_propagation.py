@@ -259,18 +259,29 @@ def test_share_one_reproduces_the_full_path_on_the_embedded_model(engine) -> Non
     layout = engine.build_prompt(
         "Which river flows through the capital?",
         [
-            Doc(text="The capital of Freedonia is Marlow. " * 20, title="Freedonia"),
-            Doc(text="The Ost river flows through Marlow, past the old mill. " * 12, title="Ost"),
+            Doc(id="f", text="The capital of Freedonia is Marlow. " * 20, title="Freedonia"),
+            Doc(id="o", text="The Ost river flows through Marlow, by the mill. " * 12, title="Ost"),
         ],
+        GenerationConfig(max_new_tokens=12),
     )
-    base = make_press("ragsnap-lookahead", budget=64)
-    prop = make_press("ragsnap-lookahead", budget=64, propagate_layer=12, propagate_share=1.0)
-    full = engine.runtime.prefill_prompt(layout, base)
-    split = engine.runtime.prefill_prompt(layout, prop)
-    assert split.prefill_path == "propagate" and split.propagated_tokens == layout.num_tokens
-    for a, b in zip(full.kept, split.kept, strict=True):
-        assert torch.equal(a.indices, b.indices)
-    assert _answer(engine.runtime, full, 12) == _answer(engine.runtime, split, 12)
+    # the whole prompt in one computation on both paths (prefill_prompt's full path at
+    # medium matmul precision splits documents and tail; the query-aware one cannot)
+    chunk = engine.runtime.chunk
+    try:
+        for size, name in ((None, "ragsnap-lookahead"), (128, "snapkv")):
+            engine.runtime.chunk = size
+            if True:
+                base = make_press(name, budget=64)
+                prop = make_press(name, budget=64, propagate_layer=12, propagate_share=1.0)
+                full = engine.runtime.prefill(layout.input_ids, base)
+                split = engine.runtime.prefill(layout.input_ids, prop)
+                assert split.prefill_path == "propagate"
+                assert split.propagated_tokens == layout.num_tokens
+                for a, b in zip(full.kept, split.kept, strict=True):
+                    assert torch.equal(a.indices, b.indices)
+                assert _answer(engine.runtime, full, 12) == _answer(engine.runtime, split, 12)
+    finally:
+        engine.runtime.chunk = chunk
 
 
 def test_cli_options_turn_propagation_on_and_the_switch_forces_the_full_path(monkeypatch) -> None:
