@@ -37,7 +37,7 @@ TEMPERATURE = (
     f"sampling temperature, 0 to {MAX_TEMPERATURE:g}; below {GREEDY_BELOW:g} decodes greedily"
 )
 TOP_P = "nucleus sampling: the smallest set of tokens whose probability reaches top_p (the most likely always stays)"
-SEED = "sampling seed, from -2**63 to 2**63"
+SEED = "sampling seed, a signed 64-bit integer (-2**63 to 2**63-1)"
 
 
 class DocumentIn(BaseModel):
@@ -192,7 +192,9 @@ class AnswerRequest(RetrievalFields):
 
     question: Text = Field(min_length=1, max_length=1_000_000)
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: float = Field(default=0.0, ge=0, le=2, description=TEMPERATURE)
+    temperature: float = Field(
+        default=0.0, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False, description=TEMPERATURE
+    )
     top_p: float = Field(default=1.0, gt=0, le=1, description=TOP_P)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description=SEED)
     stream: bool = False
@@ -297,7 +299,9 @@ class ChatCompletionRequest(RetrievalFields):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: float | None = Field(default=None, ge=0, le=2, description=TEMPERATURE)
+    temperature: float | None = Field(
+        default=None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False, description=TEMPERATURE
+    )
     top_p: float | None = Field(default=None, gt=0, le=1, description=TOP_P)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description=SEED)
     n: int | None = Field(default=None, ge=1, le=1, description="one choice per request")

@@ -10,11 +10,11 @@ import torch
 
 from ragsnap.errors import ConfigError
 
-MAX_TEMPERATURE = 100.0
+MAX_TEMPERATURE = 2.0  # OpenAI's limit; the API, the CLI and the engine share it
 # below this the softmax of logits / temperature is one-hot in float32: greedy is the limit
 GREEDY_BELOW = 1e-4
-# within what torch.Generator.manual_seed takes, and exact as JSON Schema floats
-SEED_MIN, SEED_MAX = -(2**63), 2**63
+# a signed 64-bit integer, within what torch.Generator.manual_seed takes
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,15 @@ stored) are finished in shared passes (one for their tails, one per drafted toke
 running rows wait for them): a prefix hit waits (the running rows decoding meanwhile) until
 no request has arrived for ``gather_s`` (at most ``GATHER_MAX_S``) or the batch is full, so
 requests sent together share one group. A request that finishes or is cancelled
-leaves at the next step; a new one joins at the next step. ``max_batch=1`` is the serial behaviour: one
+leaves at the next step; a new one joins at the next step.
+
+Shorter prompts first, with aging: between two chunks of a prefill, the requests that
+wait are looked up; hits join or park at once, and a miss whose prompt is at most half of
+what the running prefill has left prefills right there, before the long prompt's next
+chunk. So a small request behind a long prompt waits about one chunk, however long that
+prompt is. A prefill lets through at most as many tokens of other prompts as it has
+itself, so it still ends within about twice its own time; a miss too long to go first
+waits at the head of the queue, its lookup kept. ``max_batch=1`` is the serial behaviour: one
 request at a time, start to finish.
 
 What follows an answer's last token (attribution of its citations, its stats) runs on a
@@ -156,6 +164,8 @@ class Scheduler:
         self._parked: list[tuple[Request, PendingAnswer]] = []
         self._parked_since = 0.0
         self._last_submit = 0.0
+        # misses looked up between chunks but too long to go first: id(request) -> layout
+        self._deferred: dict[int, PromptLayout] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -179,6 +189,7 @@ class Scheduler:
         with self._changed:
             self._stopping = True
             waiting, self._waiting = list(self._waiting), deque()
+            self._deferred.clear()
             self._changed.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -219,7 +230,9 @@ class Scheduler:
         with self._changed:
             while not self._stopping:
                 while self._waiting and self._waiting[0].is_cancelled():
-                    self._waiting.popleft().close("cancelled")
+                    cancelled = self._waiting.popleft()
+                    self._deferred.pop(id(cancelled), None)
+                    cancelled.close("cancelled")
                 if not self._waiting and not self.prefilling and not self._parked:
                     self._no_prefill.set()
                 if self._waiting and len(self._running) + len(self._parked) < self.max_batch:
@@ -265,11 +278,13 @@ class Scheduler:
         """Look ``request`` up in the store: an exact hit joins the batch at once; a prefix
         hit is parked to be finished with its companions; anything else prefills here (the
         prefix hits parked before it first), the running rows decoding between its chunks."""
-        request.started()
         self.prefilling = [request]
         self._no_prefill.clear()
         try:
-            found = self._lookup(request)
+            found = self._deferred.pop(id(request), None)
+            if found is None:
+                request.started()
+                found = self._lookup(request)
             if found is None:
                 return
             if isinstance(found, PromptLayout):
@@ -335,16 +350,20 @@ class Scheduler:
             else:
                 self._join(request, answer)
 
-    def _prefill(self, request: Request, layout: PromptLayout) -> None:
-        """Prefill ``request`` (decoding the running rows between its chunks) and add its row."""
+    def _prefill(self, request: Request, layout: PromptLayout, *, first: bool = True) -> None:
+        """Prefill ``request`` (decoding the running rows between its chunks) and add its row.
+        ``first``: shorter waiting prompts may go first between its chunks (not when this
+        prefill is itself one of those)."""
         # the per-step token budget: one token per running row, the rest for the prefill chunk;
         # with no stream waiting on it, larger chunks (still cancellable between them)
         running = len(self._running)
-        self.engine.runtime.chunk = (
+        chunk = (
             max(32, self.step_tokens - running)
             if running
             else max(self.idle_chunk, self.step_tokens)
         )
+        self.engine.runtime.chunk = chunk
+        left = [len(layout.input_ids), len(layout.input_ids)]  # tokens to go, tokens to let by
 
         def between_chunks() -> None:
             if request.is_cancelled():
@@ -352,6 +371,10 @@ class Scheduler:
             if self._running:
                 with torch_threads(self.decode_threads):
                     self._decode_step()
+            left[0] -= chunk
+            if first:
+                self._shorter_first(left)
+                self.engine.runtime.chunk = chunk
 
         try:
             with torch_threads(self.prefill_threads):
@@ -373,6 +396,61 @@ class Scheduler:
             request.fail(exc)
             return
         self._join(request, prepared)
+
+    def _shorter_first(self, left: list[int]) -> None:
+        """Between two chunks of a prefill with ``left = [tokens to go, tokens it may still
+        let by]``: admit the waiting requests, in order, that are hits, or misses of at most
+        half the tokens to go (see the module docstring); the others keep their places."""
+        if self._parked and self._gathered() <= 0:
+            self._finish_parked_now()
+        with self._changed:
+            candidates, self._waiting = list(self._waiting), deque()
+        kept: list[Request] = []
+        for request in candidates:
+            if request.is_cancelled():
+                self._deferred.pop(id(request), None)
+                request.close("cancelled")
+                continue
+            room = len(self._running) + len(self._parked) + len(self.prefilling)
+            if room >= self.max_batch or self._stopping:
+                kept.append(request)
+                continue
+            found = self._deferred.pop(id(request), None)
+            if found is None:
+                request.started()
+                found = self._lookup(request)
+            if found is None:
+                continue
+            if isinstance(found, PreparedAnswer):
+                self._join(request, found)
+            elif isinstance(found, PendingAnswer):
+                if not self._parked:
+                    self._parked_since = time.perf_counter()
+                self._parked.append((request, found))
+            elif 2 * len(found.input_ids) <= left[0] and len(found.input_ids) <= left[1]:
+                left[1] -= len(found.input_ids)
+                outer, self.prefilling = self.prefilling, [*self.prefilling, request]
+                try:
+                    self._prefill(request, found, first=False)
+                finally:
+                    self.prefilling = outer
+            else:  # too long to go first: it keeps its place, and its lookup
+                self._deferred[id(request)] = found
+                kept.append(request)
+        with self._changed:  # ahead of those submitted meanwhile
+            if self._stopping:  # stop() has handed back the queue it found
+                for request in kept:
+                    request.close("cancelled")
+            else:
+                self._waiting.extendleft(reversed(kept))
+
+    def _finish_parked_now(self) -> None:
+        """:meth:`_finish_parked` in the middle of another request's prefill."""
+        outer = self.prefilling
+        try:
+            self._finish_parked()
+        finally:
+            self.prefilling = outer
 
     def _join(self, request: Request, prepared: PreparedAnswer) -> None:
         """Add ``prepared``'s row to the batch: it decodes from the next step on."""

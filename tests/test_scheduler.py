@@ -388,3 +388,42 @@ def test_prefix_hits_waiting_together_are_finished_together(engine_tiny, tmp_pat
     staggered, groups, waited = answered(tmp_path / "kv-staggered", 8, stagger_s=0.1, gather_s=0.4)
     assert groups == [sum(hits)] and waited[0] >= 0.1 * (sum(hits) - 1)
     assert [r.done.answer for r in staggered] == [r.done.answer for r in alone]
+
+
+def test_a_short_prompt_goes_first_behind_a_long_one_and_the_long_one_still_ends(
+    engine_tiny,
+) -> None:
+    press = make_press("snapkv", budget=24, window=8)
+
+    def request(start: int, count: int) -> Collector:
+        docs = [Document(id=f"d{start}", title="t3", text=words(start, count))]
+        return Collector(words(start + 1, 4), docs, AnswerOptions(press, GenerationConfig(4)))
+
+    long, middle, shorts = request(0, 700), request(5, 400), [request(9 + i, 40) for i in range(3)]
+    order: list[int] = []
+    for i, r in enumerate((long, middle, *shorts)):
+        emit = r.emit
+
+        def recording(event, i=i, emit=emit) -> None:
+            if isinstance(event, MetaEvent):  # the row joins the batch: its prefill is done
+                order.append(i)
+            emit(event)
+
+        r.emit = recording  # type: ignore[method-assign]
+    scheduler = Scheduler(engine_tiny, max_batch=8, step_tokens=48, idle_chunk=32)
+    scheduler.start()
+    scheduler.submit(long)
+    time.sleep(0.05)
+    for r in (middle, *shorts):
+        scheduler.submit(r)
+    everyone = (long, middle, *shorts)
+    for r in everyone:
+        assert r.closed.wait(120), "request never finished"
+    scheduler.stop()
+    assert [r.outcome for r in everyone] == ["ok"] * 5, [r.error for r in everyone]
+    # the short ones overtake the long prompt; the middle one (over half of what the long one
+    # had left) waits for it at the head of the queue, its lookup kept, and is not re-asked
+    assert set(order[:3]) == {2, 3, 4} and order[3:] == [0, 1]
+    serial = [Collector(r.question, r.documents, r.options) for r in everyone]
+    run(engine_tiny, serial, max_batch=1)
+    assert [r.done.answer for r in everyone] == [r.done.answer for r in serial]

@@ -260,7 +260,9 @@ class CachedPrefill:
         entry); a second call writes nothing."""
         pending, report.pending = report.pending, []
         for key, payload in pending:
-            written = report.status != "unavailable" and self._put(key, payload, report)
+            counted = CacheReport(status=report.status)  # its bytes were counted when queued
+            written = report.status != "unavailable" and self._put(key, payload, counted)
+            report.status = counted.status
             if written and key.kind == KIND_COMPRESSED:
                 self._deserialize(key, payload())  # the next hit, from memory
             self.unwritten.written(key)
@@ -351,6 +353,7 @@ class CachedPrefill:
             return
         if self.unwritten.hold(key, payload):
             report.pending.insert(0, (key, lambda: payload))
+            report.bytes_written += len(payload)
         else:
             self._put(key, lambda: payload, report)
 
@@ -453,6 +456,7 @@ class CachedPrefill:
             if store and self.prefix_cache:
                 self.memory.put(pkey, self._as_stored(prefix))
                 report.pending.append((pkey, self._prefix_payload(prefix, layout)))
+                report.bytes_written += self._stored_bytes(prefix)
         with torch.inference_mode():
             cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
         result = self.runner.prefill(
@@ -489,6 +493,13 @@ class CachedPrefill:
             model_id=loaded.model_id,
             revision=loaded.revision,
             storage_dtype=self.storage_dtype,
+        )
+
+    def _stored_bytes(self, layers: Layers) -> int:
+        """The tensor bytes of ``layers`` in the storage dtype (what a prefix entry holds)."""
+        size = self.storage_dtype.itemsize if self.storage_dtype is not None else None
+        return sum(
+            (k.numel() + v.numel()) * (size or k.element_size()) for k, v in layers
         )
 
     def _as_stored(self, layers: Layers) -> Layers:

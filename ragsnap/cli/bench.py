@@ -19,6 +19,7 @@ BENCHMARKS = {
     "peer": "ragsnap serve against vLLM on the same RAG requests: answers/s, TTFT, agreement",
     "overhead": "Ray Serve's added latency per request and per streamed token vs in-process",
     "reuse": "per-document KV reuse in new combinations and orders vs cold prefills, per recompute share",
+    "fairness": "a small request's wait behind a long prompt, for several long-prompt lengths",
 }
 
 

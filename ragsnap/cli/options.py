@@ -9,13 +9,43 @@ from typing import TYPE_CHECKING, Any
 from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
 from ragsnap.compression.propagate import without_propagation
 from ragsnap.errors import ConfigError
-from ragsnap.generation import GenerationConfig
+from ragsnap.generation import MAX_TEMPERATURE, SEED_MAX, SEED_MIN, GenerationConfig
 from ragsnap.models import MATMUL_PRECISIONS
 from ragsnap.prompt import DOCUMENT_ORDERS
 from ragsnap.runtime.drafts import DEFAULT_SPECULATE
 
 if TYPE_CHECKING:
     from ragsnap.cache.store import KVStore
+
+
+def number_in(low: float, high: float, *, low_open: bool = False) -> Any:
+    """An argparse ``type``: a finite float in ``[low, high]`` (``(low, high]`` with
+    ``low_open``), refused while the command line is parsed (before any model loads)."""
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        below = value <= low if low_open else value < low
+        if not math.isfinite(value) or below or value > high:
+            opening = "(" if low_open else "["
+            raise argparse.ArgumentTypeError(f"{text!r} is outside {opening}{low:g}, {high:g}]")
+        return value
+
+    return parse
+
+
+def seed_value(text: str) -> int:
+    """An argparse ``type``: a signed 64-bit integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is not a signed 64-bit integer")
+    return value
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -161,9 +191,16 @@ def add_document_order_option(parser: argparse.ArgumentParser) -> None:
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("generation")
     group.add_argument("--max-new-tokens", type=int, default=128, help="longest answer, in tokens")
-    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    group.add_argument("--seed", type=int, help="sampling seed (reproducible answers)")
+    group.add_argument(
+        "--temperature",
+        type=number_in(0.0, MAX_TEMPERATURE),
+        default=0.0,
+        help=f"0 = greedy; at most {MAX_TEMPERATURE:g}",
+    )
+    group.add_argument(
+        "--top-p", type=number_in(0.0, 1.0, low_open=True), default=1.0, help="nucleus sampling mass"
+    )
+    group.add_argument("--seed", type=seed_value, help="sampling seed (reproducible answers)")
     group.add_argument(
         "--speculate",
         type=int,
@@ -229,7 +266,7 @@ def add_cache_options(parser: argparse.ArgumentParser, *, prefix_flag: bool = Tr
         )
         group.add_argument(
             "--recompute-share",
-            type=float,
+            type=number_in(0.0, 1.0),
             default=float(os.environ.get("RAGSNAP_REUSE_RECOMPUTE", "0.15")),
             metavar="S",
             help="share of reused document tokens recomputed with the full context "
