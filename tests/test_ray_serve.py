@@ -47,7 +47,12 @@ def other_docs(i):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, redis_server):
     model = save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
-    settings = {**SETTINGS, "model": model, "cache_url": f"{redis_server.url}?ttl=600"}
+    settings = {
+        **SETTINGS,
+        "model": model,
+        "cache_url": f"{redis_server.url}?ttl=600",
+        "cache_key": "ray-test-secret",  # replicas share the Redis store, so its key
+    }
     with ray_app(settings, AUTH, replicas=2, replica_cpus=0.5, ingress_cpus=0.25) as app:
         yield app
 

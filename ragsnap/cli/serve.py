@@ -108,7 +108,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "ingress replica's own server (direct ingress, one Ray hop less)",
     )
     ray.add_argument(
-        "--replica-cpus", type=float, help="CPUs reserved per replica (default 1; 0.5 allowed)"
+        "--replica-cpus",
+        type=float,
+        help="CPUs reserved per replica (default: the cluster's CPUs, less the ingress's "
+        "0.25, shared by the replicas; fractions such as 0.5 work)",
     )
     ray.add_argument(
         "--replica-gpus",

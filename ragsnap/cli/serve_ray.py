@@ -13,12 +13,15 @@ deploy/serve.yaml`` leaves one running instead).
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import signal
 import sys
 import time
 from typing import Any
 
 APP_NAME = "ragsnap"
+MIN_REPLICA_CPUS = 0.1
 
 
 def run_on_ray(args: argparse.Namespace, settings: Any, given: dict[str, Any]) -> int:
@@ -36,12 +39,6 @@ def run_on_ray(args: argparse.Namespace, settings: Any, given: dict[str, Any]) -
             f"--ray needs the 'ray' extra: pip install 'ragsnap[ray]' ({exc.name})"
         ) from None
 
-    app_args = RayAppArgs(
-        replicas=args.replicas or 2,
-        replica_cpus=args.replica_cpus or 1.0,
-        replica_gpus=args.replica_gpus,
-        settings=dict(given),
-    )
     address = os.environ.get("RAY_ADDRESS")
     direct = not address and not getattr(args, "ray_proxy", False)
     if not address:
@@ -52,7 +49,24 @@ def run_on_ray(args: argparse.Namespace, settings: Any, given: dict[str, Any]) -
     else:  # read by the head's processes as they start
         with environment(local_head_env(settings.port if direct else None)):
             ray.init(include_dashboard=False)
+    # SIGTERM (a service manager, `kill`) stops like Ctrl-C: the finally below shuts down
+    # the Ray processes this command started, instead of leaving them behind (set after
+    # ray.init, whose own handler aborts the process)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
+        app_args = RayAppArgs(replicas=args.replicas or 2, replica_gpus=args.replica_gpus)
+        app_args = app_args.model_copy(
+            update={
+                "replica_cpus": replica_cpus(
+                    ray.cluster_resources().get("CPU", 0.0),
+                    app_args.replicas,
+                    app_args.ingress_cpus,
+                    args.replica_cpus,
+                    strict=not address,  # a cluster may grow; a local head will not
+                ),
+                "settings": dict(given),
+            }
+        )
         serve.start(http_options={"host": settings.host, "port": proxy_port})
         serve.run(build_app(app_args), name=APP_NAME, route_prefix="/")
         where = f"the Ray cluster at {address}" if address else "a local Ray head"
@@ -75,6 +89,39 @@ def run_on_ray(args: argparse.Namespace, settings: Any, given: dict[str, Any]) -
         finally:
             ray.shutdown()
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def replica_cpus(
+    cluster_cpus: float, replicas: int, ingress_cpus: float, asked: float | None, strict: bool
+) -> float:
+    """CPUs reserved per replica: ``asked``, else the cluster's CPUs left by the ingress,
+    shared by the replicas (in 0.05 steps). Ray would wait for ever for CPUs the cluster
+    does not have, so with ``strict`` a request beyond them is a clear error now."""
+    from ragsnap.errors import ConfigError
+
+    if asked is None:
+        share = math.floor((cluster_cpus - ingress_cpus) / replicas * 20) / 20
+        if share < MIN_REPLICA_CPUS:
+            raise ConfigError(
+                f"--replicas {replicas}: this Ray cluster has {cluster_cpus:g} CPUs, "
+                f"{share:g} a replica after the ingress's {ingress_cpus:g}; use fewer "
+                f"replicas or set --replica-cpus",
+                field="replicas",
+            )
+        return share
+    needed = replicas * asked + ingress_cpus
+    if strict and needed > cluster_cpus + 1e-9:
+        raise ConfigError(
+            f"--replicas {replicas} x --replica-cpus {asked:g} + the ingress's "
+            f"{ingress_cpus:g} = {needed:g} CPUs, but this machine has {cluster_cpus:g}: "
+            "lower --replica-cpus (fractions such as 0.5 work) or --replicas",
+            field="replica_cpus",
+        )
+    return asked
 
 
 def _free_port(host: str) -> int:
