@@ -99,7 +99,7 @@ class PreparedAnswer:
             kept_tokens=self.prefill.kept_tokens,
             cache=self.report.status,
             documents=[
-                {"index": str(i + 1), "id": d.id, "title": d.title}
+                {"index": i + 1, "id": d.id, "title": d.title}
                 for i, d in enumerate(self.layout.documents)
             ],
             dropped_doc_ids=self.layout.dropped_doc_ids,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ragsnap.citations import Citation
 from ragsnap.kept import DocumentKeptTokens
@@ -16,7 +17,7 @@ class MetaEvent:
     prompt_tokens: int
     kept_tokens: int
     cache: str
-    documents: list[dict[str, str]]
+    documents: list[dict[str, Any]]  # index (the [n] the model sees, as citations give it), id, title
     dropped_doc_ids: list[str] = field(default_factory=list)
     truncated_doc_ids: list[str] = field(default_factory=list)
     type: str = "meta"

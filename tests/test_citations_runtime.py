@@ -74,7 +74,7 @@ def test_attribution_runs_with_every_press_and_a_budget_above_the_prompt(press) 
         meta, done = events[0], events[-1]
         assert isinstance(meta, MetaEvent) and isinstance(done, DoneEvent)
         assert done.stats.citations_mode == "attribution" and done.stats.attribution_s > 0
-        in_prompt = {int(d["index"]): d["id"] for d in meta.documents}  # [n] as the model saw it
+        in_prompt = {d["index"]: d["id"] for d in meta.documents}  # [n] as the model saw it
         for citation in done.citations:
             doc = next(d for d in DOCS if d.id == citation.doc_id)
             assert in_prompt[citation.index] == doc.id and citation.supported is not None

@@ -53,6 +53,8 @@ def test_compose_runs_ragsnap_on_a_redis_cache_and_prometheus_scrapes_it():
     assert redis[redis.index("--maxmemory-policy") + 1] == "allkeys-lru" and "--maxmemory" in redis
     ragsnap = compose["services"]["ragsnap"]
     assert ragsnap["environment"]["RAGSNAP_CACHE_URL"].startswith("redis://redis:6379/")
+    # the replicas share Redis, so they share its sealing key: compose refuses to start without it
+    assert ragsnap["environment"]["RAGSNAP_CACHE_KEY"].startswith("${RAGSNAP_CACHE_KEY:?")
     assert (DEPLOY / ragsnap["build"]["dockerfile"].removeprefix("deploy/")).is_file()
     scrape = load("prometheus.yml")["scrape_configs"][0]
     assert scrape["metrics_path"] == "/metrics"

@@ -81,3 +81,15 @@ def test_a_miss_reports_the_bytes_it_stores_after_the_answer(tmp_path):
     # the compressed and the prefix entry's tensors, counted before they were written
     assert 0.5 * stored < written <= stored
     assert again.done.stats.cache_bytes_written == 0
+
+
+def test_the_retriever_logs_nothing_below_the_applications_level(caplog):
+    import logging
+
+    from ragsnap.documents import Document
+    from ragsnap.retrieval.bm25 import BM25Index
+
+    caplog.set_level(logging.WARNING)
+    docs = [Document(id="a", text="the moon pulls the tides"), Document(id="b", text="bees")]
+    assert BM25Index(docs).search("tides")[0].document.id == "a"
+    assert not [r for r in caplog.records if r.name.startswith("bm25s")]

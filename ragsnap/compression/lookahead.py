@@ -50,7 +50,9 @@ class LookaheadPress(WrapperPress):
             )
 
     def config(self) -> dict[str, Any]:
-        return {**self.base.config(), "lookahead": self.tokens}
+        # named as the registry names the default (``ragsnap-lookahead``): stats and README agree
+        base = self.base.config()
+        return {**base, "press": f"{base['press']}-lookahead", "lookahead": self.tokens}
 
     def compress(self, layer: LayerContext) -> CompressedLayer:
         if layer.drafted is None:

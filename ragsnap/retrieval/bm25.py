@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ class BM25Index:
         import bm25s
         from bm25s.tokenization import Tokenizer
 
+        # bm25s sets its logger to DEBUG on import: let the application's level decide
+        logging.getLogger("bm25s").setLevel(logging.NOTSET)
         if not passages:
             raise InputError("cannot index an empty corpus", field="corpus")
         self.passages = list(passages)
