@@ -133,7 +133,8 @@ def test_a_model_with_sliding_layers_is_compressed_by_the_base_press_alone() -> 
 def test_lookahead_is_part_of_the_press_config_and_checked() -> None:
     press = make_press("ragsnap", budget=64, lookahead=4)
     assert isinstance(press, LookaheadPress) and press.tokens == 4
-    assert press.config() == {**make_press("ragsnap", budget=64).config(), "lookahead": 4}
+    base = make_press("ragsnap", budget=64).config()
+    assert press.config() == {**base, "press": "ragsnap-lookahead", "lookahead": 4}
     default = make_press(DEFAULT_PRESS, budget=64)
     assert isinstance(default, LookaheadPress) and default.config()["lookahead"] == 8
     assert (
