@@ -37,6 +37,15 @@ class ServiceMetrics:
         self.worker_busy = Gauge(
             "ragsnap_worker_busy", "requests the scheduler is prefilling or decoding", registry=r
         )
+        self.kv_in_use = Gauge(
+            "ragsnap_kv_bytes_in_use",
+            "KV memory held by running requests (compressed caches with room for their new "
+            "tokens, full KV of prefilling prompts)",
+            registry=r,
+        )
+        self.kv_limit = Gauge(
+            "ragsnap_kv_memory_bytes", "the KV memory bound (0: none)", registry=r
+        )
         self.store_writes = Gauge(
             "ragsnap_store_writes_pending",
             "answered requests whose cache entries are not yet written to the store",
@@ -164,9 +173,14 @@ class ServiceMetrics:
         depth: Callable[[], float],
         busy: Callable[[], float],
         writes: Callable[[], float] | None = None,
+        kv_in_use: Callable[[], float] | None = None,
+        kv_limit: int | None = None,
     ) -> None:
         self.queue_depth.set_function(depth)
         self.worker_busy.set_function(busy)
+        if kv_in_use is not None:
+            self.kv_in_use.set_function(kv_in_use)
+        self.kv_limit.set(kv_limit or 0)
         if writes is not None:
             self.store_writes.set_function(writes)
 

@@ -123,6 +123,7 @@ def start_services(
         step_tokens=settings.step_tokens,
         prefill_threads=settings.prefill_threads or available_cores(),
         decode_threads=settings.decode_threads,
+        kv_memory_bytes=settings.kv_memory_bytes,
     )
     worker.start()
     return Services(

@@ -127,6 +127,15 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="a request body must arrive within this (408)"
     )
+    kv_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=1 << 20,
+        allow_inf_nan=False,
+        description="GiB of KV memory the running requests may hold (compressed caches with "
+        "room for their new tokens, a prefilling prompt's full KV); requests that do not fit "
+        "wait, one larger than all of it is refused (413). Unset: admission by max_batch only",
+    )
     header_timeout_s: float = Field(
         default=10.0,
         gt=0,
@@ -218,6 +227,10 @@ class Settings(BaseSettings):
         if value not in PRESSES:
             raise ValueError(f"unknown press {value!r} (choose from: {', '.join(PRESSES)})")
         return value
+
+    @property
+    def kv_memory_bytes(self) -> int | None:
+        return None if self.kv_memory_gib is None else int(self.kv_memory_gib * 2**30)
 
     @property
     def auth_enabled(self) -> bool:

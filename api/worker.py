@@ -22,7 +22,7 @@ from typing import Any
 from ragsnap.api.metrics import ServiceMetrics
 from ragsnap.documents import Document
 from ragsnap.engine import AnswerOptions, RagSnapEngine
-from ragsnap.errors import RagSnapError
+from ragsnap.errors import KVMemoryError, RagSnapError
 from ragsnap.events import AnswerEvent, DoneEvent
 from ragsnap.scheduler import Scheduler
 from ragsnap.stats import AnswerStats
@@ -130,7 +130,9 @@ class AnswerJob:
         self._send(event)
 
     def fail(self, error: Exception) -> None:
-        if isinstance(error, RagSnapError):
+        if isinstance(error, KVMemoryError):
+            self._send(JobFailure(413, error.message, param=error.field, code="kv_memory"))
+        elif isinstance(error, RagSnapError):
             self._send(JobFailure(422, error.message, param=error.field, code="invalid_value"))
         else:
             logger.error("answer failed (request %s)", self.request_id, exc_info=error)
@@ -200,6 +202,7 @@ class EngineWorker:
         step_tokens: int = 512,
         prefill_threads: int | None = None,
         decode_threads: int | None = None,
+        kv_memory_bytes: int | None = None,
     ):
         self.engine = engine
         self.metrics = metrics
@@ -211,6 +214,7 @@ class EngineWorker:
             step_tokens=step_tokens,
             prefill_threads=prefill_threads,
             decode_threads=decode_threads,
+            kv_memory_bytes=kv_memory_bytes,
         )
         self.scheduler.stats.on_step = metrics.observe_step
         self.scheduler.stats.on_group = metrics.observe_group
@@ -220,6 +224,8 @@ class EngineWorker:
             lambda: self.depth,
             lambda: float(self.scheduler.running),
             lambda: float(self.scheduler.pending_writes),
+            lambda: float(self.scheduler.kv_bytes_in_use()),
+            kv_memory_bytes,
         )
 
     # -- lifecycle -----------------------------------------------------------------

@@ -27,3 +27,9 @@ class ConfigError(RagSnapError):
 
 class ModelLoadError(RagSnapError):
     """The model could not be found or loaded."""
+
+
+class KVMemoryError(InputError):
+    """A request needs more KV memory than the server has in all (HTTP 413)."""
+
+    status = 413

@@ -49,6 +49,7 @@ from ragsnap.engine import (
     RagSnapEngine,
     TextStream,
 )
+from ragsnap.errors import KVMemoryError
 from ragsnap.events import AnswerEvent, TokenEvent
 from ragsnap.prompt import PromptLayout
 from ragsnap.runtime.decode import DecodeRow
@@ -99,6 +100,7 @@ class _Running:
     row: DecodeRow
     text: TextStream
     ttft_s: float | None = None
+    kv_bytes: int = 0  # KV memory held: its compressed cache and the tokens it may add
 
 
 @dataclass
@@ -125,17 +127,21 @@ class Scheduler:
         prefill_threads: int | None = None,
         decode_threads: int | None = None,
         gather_s: float = GATHER_S,
+        kv_memory_bytes: int | None = None,
     ) -> None:
         """``prefill_threads`` and ``decode_threads``: torch threads while a prompt prefills
         and while rows decode (None: those of the thread creating the scheduler; see
         ``runtime.threads``). ``gather_s``: the quiet time a prefix hit waits for
-        companions (0: none)."""
+        companions (0: none). ``kv_memory_bytes``: admission by KV memory (see
+        :meth:`kv_need`); None: by ``max_batch`` alone."""
         if max_batch < 1 or step_tokens < 1 or idle_chunk < 1:
             raise ValueError("max_batch, step_tokens and idle_chunk must be at least 1")
         if gather_s < 0:
             raise ValueError("gather_s must not be negative")
         if prefill_threads is not None and prefill_threads < 1:
             raise ValueError("prefill_threads must be at least 1")
+        if kv_memory_bytes is not None and kv_memory_bytes < 1:
+            raise ValueError("kv_memory_bytes must be at least 1")
         self.engine = engine
         self.prefill_threads = prefill_threads
         # torch threads of the loop's decode steps (None: those of the thread creating it)
@@ -144,6 +150,9 @@ class Scheduler:
         self.step_tokens = step_tokens
         self.idle_chunk = idle_chunk
         self.gather_s = gather_s
+        self.kv_memory_bytes = kv_memory_bytes
+        self.kv_bytes_per_token = engine.runtime.kv_bytes_per_token()
+        self._prefill_kv: list[int] = []  # KV bytes of the prompts prefilling now
         self.batch = engine.runtime.decode_batch()
         self.stats = StepStats()
         self._waiting: deque[Request] = deque()
@@ -235,7 +244,8 @@ class Scheduler:
                     cancelled.close("cancelled")
                 if not self._waiting and not self.prefilling and not self._parked:
                     self._no_prefill.set()
-                if self._waiting and len(self._running) + len(self._parked) < self.max_batch:
+                room = len(self._running) + len(self._parked) < self.max_batch
+                if self._waiting and room and self._head_fits():
                     return self._waiting.popleft()
                 if self._running:
                     return None
@@ -286,6 +296,14 @@ class Scheduler:
                 request.started()
                 found = self._lookup(request)
             if found is None:
+                return
+            allowed = self._memory_allows(request, found)
+            if allowed is None:
+                return
+            if not allowed:  # it leads the queue until running answers free enough memory
+                with self._changed:
+                    self._deferred[id(request)] = found
+                    self._waiting.appendleft(request)
                 return
             if isinstance(found, PromptLayout):
                 self._finish_parked()  # a prefill takes seconds: they do not wait for it
@@ -376,6 +394,7 @@ class Scheduler:
                 self._shorter_first(left)
                 self.engine.runtime.chunk = chunk
 
+        self._prefill_kv.append(self.kv_need(request, layout))
         try:
             with torch_threads(self.prefill_threads):
                 prepared = self.engine.prepare(
@@ -395,7 +414,60 @@ class Scheduler:
         except Exception as exc:
             request.fail(exc)
             return
+        finally:
+            self._prefill_kv.pop()
         self._join(request, prepared)
+
+    # -- KV memory ------------------------------------------------------------------------
+
+    def kv_need(
+        self, request: Request, found: PreparedAnswer | PendingAnswer | PromptLayout
+    ) -> int:
+        """KV bytes ``request`` holds at most: an exact hit, its compressed cache; a prompt
+        to prefill (or a prefix hit to finish), the full KV of every prompt token; either
+        way, plus the tokens it may generate (every layer, every KV head)."""
+        new = request.options.generation.max_new_tokens * self.kv_bytes_per_token
+        if isinstance(found, PreparedAnswer):
+            return found.prefill.kv_bytes_kept + new
+        layout = found.layout if isinstance(found, PendingAnswer) else found
+        return layout.num_tokens * self.kv_bytes_per_token + new
+
+    def kv_bytes_in_use(self) -> int:
+        """KV bytes held by the running rows, the parked prefix hits and the prefills."""
+        rows = sum(running.kv_bytes for running in list(self._running.values()))
+        parked = sum(self.kv_need(request, pending) for request, pending in list(self._parked))
+        return rows + parked + sum(self._prefill_kv)
+
+    def _head_fits(self) -> bool:
+        """Whether the first waiting request fits the KV memory left (a request not looked
+        up yet is let through: its lookup tells what it needs)."""
+        if self.kv_memory_bytes is None:
+            return True
+        found = self._deferred.get(id(self._waiting[0]))
+        if found is None:
+            return True
+        need = self.kv_need(self._waiting[0], found)
+        return self.kv_bytes_in_use() + need <= self.kv_memory_bytes
+
+    def _memory_allows(
+        self, request: Request, found: PreparedAnswer | PendingAnswer | PromptLayout
+    ) -> bool | None:
+        """True: admit; False: wait for memory; None: refused (more than the whole budget)."""
+        if self.kv_memory_bytes is None:
+            return True
+        need = self.kv_need(request, found)
+        if need > self.kv_memory_bytes:
+            request.fail(
+                KVMemoryError(
+                    f"this request needs {need / 2**30:.3f} GiB of KV memory, more than the "
+                    f"server's whole KV memory of {self.kv_memory_bytes / 2**30:.3f} GiB "
+                    "(--kv-memory-gib, RAGSNAP_KV_MEMORY_GIB): send fewer or shorter "
+                    "documents, or ask for fewer max_new_tokens",
+                    field="documents",
+                )
+            )
+            return None
+        return self.kv_bytes_in_use() + need <= self.kv_memory_bytes
 
     def _shorter_first(self, left: list[int]) -> None:
         """Between two chunks of a prefill with ``left = [tokens to go, tokens it may still
@@ -421,7 +493,13 @@ class Scheduler:
                 found = self._lookup(request)
             if found is None:
                 continue
-            if isinstance(found, PreparedAnswer):
+            allowed = self._memory_allows(request, found)
+            if allowed is None:
+                continue
+            if not allowed:
+                self._deferred[id(request)] = found
+                kept.append(request)
+            elif isinstance(found, PreparedAnswer):
                 self._join(request, found)
             elif isinstance(found, PendingAnswer):
                 if not self._parked:
@@ -467,7 +545,10 @@ class Scheduler:
             decode_compression=request.options.decode_compression,
             context=prepared.layout.input_ids,
         )
-        self._running[key] = _Running(request, prepared, row, TextStream(self.engine.tokenizer))
+        kv_bytes = self.kv_need(request, prepared)
+        self._running[key] = _Running(
+            request, prepared, row, TextStream(self.engine.tokenizer), kv_bytes=kv_bytes
+        )
 
     def _decode_step(self) -> None:
         for key, running in self._running.items():

@@ -241,7 +241,7 @@ def test_health_ready_models_and_metrics(client):
     assert models["object"] == "list"
     assert {m["id"] for m in models["data"]} == {ready["model"], "ragsnap"}
     client.post("/v1/answer", json=body(question=""), headers=AUTH)
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers=AUTH).text
     assert 'ragsnap_requests_total{route="/v1/answer",status="422"}' in text
     assert "ragsnap_queue_depth 0.0" in text
     assert "ragsnap_prefill_seconds_bucket" in text

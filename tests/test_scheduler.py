@@ -411,12 +411,10 @@ def test_a_short_prompt_goes_first_behind_a_long_one_and_the_long_one_still_ends
 
         r.emit = recording  # type: ignore[method-assign]
     scheduler = Scheduler(engine_tiny, max_batch=8, step_tokens=48, idle_chunk=32)
-    scheduler.start()
-    scheduler.submit(long)
-    time.sleep(0.05)
-    for r in (middle, *shorts):
-        scheduler.submit(r)
     everyone = (long, middle, *shorts)
+    for r in everyone:  # all waiting when the long one, first in line, starts
+        scheduler.submit(r)
+    scheduler.start()
     for r in everyone:
         assert r.closed.wait(120), "request never finished"
     scheduler.stop()
@@ -427,3 +425,46 @@ def test_a_short_prompt_goes_first_behind_a_long_one_and_the_long_one_still_ends
     serial = [Collector(r.question, r.documents, r.options) for r in everyone]
     run(engine_tiny, serial, max_batch=1)
     assert [r.done.answer for r in everyone] == [r.done.answer for r in serial]
+
+
+def test_admission_by_kv_memory_bounds_what_runs_and_refuses_what_never_fits(engine_tiny):
+    from ragsnap.errors import KVMemoryError
+
+    per_token = engine_tiny.runtime.kv_bytes_per_token()
+    assert per_token == 2 * 4 * 2 * 16 * 4  # K and V, 4 layers, 2 KV heads, 16 dims, float32
+    probe = Scheduler(engine_tiny)
+    needs = [
+        probe.kv_need(r, engine_tiny.lookup(r.question, r.documents, r.options, "default"))
+        for r in requests_for_tiny_engine()
+    ]
+
+    def serve(budget: int | None, extra: list[Collector]) -> tuple[list, list[tuple[int, int]]]:
+        scheduler = Scheduler(
+            engine_tiny, max_batch=8, step_tokens=48, idle_chunk=32, kv_memory_bytes=budget
+        )
+        seen: list[tuple[int, int]] = []  # (KV bytes in use, rows) at every decode step
+        step = scheduler.batch.step
+
+        def recording():
+            seen.append((scheduler.kv_bytes_in_use(), len(scheduler._running)))
+            return step()
+
+        scheduler.batch.step = recording  # type: ignore[method-assign]
+        requests = [*requests_for_tiny_engine(), *extra]
+        scheduler.start()
+        for r in requests:
+            scheduler.submit(r)
+        for r in requests:
+            assert r.closed.wait(60)
+        scheduler.stop()
+        assert scheduler.kv_bytes_in_use() == 0
+        return requests, seen
+
+    free, free_seen = serve(None, [])
+    budget = max(needs)  # the largest request alone fits
+    huge = Collector("t5 t6", [Document(id="big", title="t3", text=words(0, 400))], free[0].options)
+    bounded, seen = serve(budget, [huge])
+    assert isinstance(huge.error, KVMemoryError) and "RAGSNAP_KV_MEMORY_GIB" in str(huge.error)
+    assert max(used for used, _ in seen) <= budget < max(used for used, _ in free_seen)
+    assert max(rows for _, rows in seen) < max(rows for _, rows in free_seen)  # memory bound it
+    assert [r.done.answer for r in bounded[:-1]] == [r.done.answer for r in free]

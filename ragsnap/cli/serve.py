@@ -43,7 +43,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-queue", type=int, help="requests allowed to wait (default 8); more get 429"
     )
     parser.add_argument(
-        "--max-batch", type=int, help="requests decoded together (default 8; 1: one at a time)"
+        "--max-batch",
+        type=int,
+        help="most requests decoded together (default 8; 1: one at a time); with "
+        "--kv-memory-gib a ceiling, memory the constraint",
+    )
+    parser.add_argument(
+        "--kv-memory-gib",
+        type=float,
+        metavar="G",
+        help="KV memory of running requests, in GiB: those that do not fit wait in the queue, "
+        "one larger than all of it is refused ($RAGSNAP_KV_MEMORY_GIB; default: no bound)",
     )
     parser.add_argument(
         "--step-tokens",
@@ -134,6 +144,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
         "corpus_dir": args.corpus,
         "max_queue": args.max_queue,
         "max_batch": args.max_batch,
+        "kv_memory_gib": args.kv_memory_gib,
         "step_tokens": args.step_tokens,
         "prefill_threads": args.prefill_threads,
         "prefix_memory_mb": args.prefix_memory_mb,

@@ -77,6 +77,17 @@ class ModelRuntime:
     def cache_from(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any:
         return cache_from_layers(self.model.config, layers)
 
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token adds to a full cache: keys and values of every layer and KV head
+        (sliding-window layers counted in full: an upper bound)."""
+        config = self.model.config
+        config = getattr(config, "text_config", None) or config
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        itemsize = torch.empty((), dtype=self.model.dtype).element_size()
+        return 2 * config.num_hidden_layers * kv_heads * head_dim * itemsize
+
     def prefill(
         self,
         input_ids: Sequence[int],
