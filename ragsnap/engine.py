@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -488,8 +489,34 @@ class RagSnapEngine:
 
         Closing the iterator (or ``should_stop()`` returning True) stops generation
         after the current decode step. ``namespace`` separates tenants in the KV store.
+        The answer ends before the first of ``options.generation.stop`` it meets, as
+        through the server (:mod:`ragsnap.stopping`).
         """
+        from ragsnap.stopping import apply_stop
+
         options = options or AnswerOptions()
+        if not options.generation.stop:
+            yield from self._stream(question, documents, options, should_stop, namespace)
+            return
+        matched = threading.Event()
+
+        def halt() -> bool:
+            return matched.is_set() or (should_stop is not None and should_stop())
+
+        events = self._stream(question, documents, options, halt, namespace)
+        try:
+            yield from apply_stop(events, options.generation.stop, matched.set)
+        finally:
+            events.close()
+
+    def _stream(
+        self,
+        question: str,
+        documents: Sequence[Document],
+        options: AnswerOptions,
+        should_stop: Callable[[], bool] | None,
+        namespace: str,
+    ) -> Iterator[AnswerEvent]:
         prepared = self.prepare(question, documents, options, namespace)
         yield prepared.meta()
         batch = self.runtime.decode_batch()

@@ -9,13 +9,10 @@ statistics, which are rewritten for the cut answer.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
 
 from ragsnap.citations import Citation, cited_indices
-from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, TokenEvent
 
 
@@ -119,31 +116,3 @@ def apply_stop(
         yield from stopper.push(event)
         if before is None and stopper.matched is not None:
             request_stop()
-
-
-def stream_answer(
-    engine: Any,
-    question: str,
-    documents: Sequence[Document],
-    options: Any,
-    should_stop: Callable[[], bool] | None = None,
-    namespace: str = "default",
-) -> Generator[AnswerEvent, None, None]:
-    """``engine.stream(...)`` honouring ``options.generation.stop``; closing it closes the
-    engine's stream (generation stops)."""
-    stop = tuple(options.generation.stop) if options is not None else ()
-    if not stop:
-        yield from engine.stream(
-            question, documents, options, should_stop=should_stop, namespace=namespace
-        )
-        return
-    hit = threading.Event()
-
-    def halt() -> bool:
-        return hit.is_set() or (should_stop is not None and should_stop())
-
-    events = engine.stream(question, documents, options, should_stop=halt, namespace=namespace)
-    try:
-        yield from apply_stop(events, stop, hit.set)
-    finally:
-        events.close()

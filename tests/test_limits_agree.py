@@ -93,3 +93,28 @@ def test_the_retriever_logs_nothing_below_the_applications_level(caplog):
     docs = [Document(id="a", text="the moon pulls the tides"), Document(id="b", text="bees")]
     assert BM25Index(docs).search("tides")[0].document.id == "a"
     assert not [r for r in caplog.records if r.name.startswith("bm25s")]
+
+
+def test_stop_strings_end_the_in_process_answer_as_they_end_the_servers():
+    from ragsnap.compression import SnapKVPress
+    from ragsnap.documents import Document
+    from ragsnap.engine import AnswerOptions
+    from tests.tiny_models import tiny_engine
+
+    engine = tiny_engine("llama")
+    engine.stop_ids.clear()  # random weights: decode to the length limit
+    docs = [Document(id="d", title="t3", text=" ".join(f"t{5 + i % 80}" for i in range(60)))]
+    press = SnapKVPress(budget=24, window=8)
+    free = engine.answer("t4 t5", docs, AnswerOptions(press, GenerationConfig(max_new_tokens=12)))
+    words = free.answer.split()
+    stop = words[4]
+    cut = engine.answer(
+        "t4 t5", docs, AnswerOptions(press, GenerationConfig(max_new_tokens=12, stop=(stop,)))
+    )
+    assert cut.answer == free.answer[: free.answer.index(stop)]
+    assert cut.stats.stop_sequence == stop and cut.stats.finish_reason == "stop"
+    assert cut.stats.new_tokens < free.stats.new_tokens  # generation stopped, not just the text
+    args = build_parser().parse_args([*ASK, "--stop", stop, "--stop", "\n\n"])
+    from ragsnap.cli.options import generation_from_args
+
+    assert generation_from_args(args).stop == (stop, "\n\n")

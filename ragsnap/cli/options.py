@@ -202,6 +202,13 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--seed", type=seed_value, help="sampling seed (reproducible answers)")
     group.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end the answer before this text (repeatable, at most 4), as the API's `stop`",
+    )
+    group.add_argument(
         "--speculate",
         type=int,
         default=DEFAULT_SPECULATE,
@@ -237,6 +244,7 @@ def generation_from_args(args: argparse.Namespace) -> GenerationConfig:
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
+        stop=tuple(getattr(args, "stop", ())),
     )
 
 

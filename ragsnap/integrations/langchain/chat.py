@@ -278,12 +278,9 @@ class ChatRagSnap(BaseChatModel):
         stop: tuple[str, ...],
         halt: threading.Event | None = None,
     ) -> Generator[Event, None, None]:
-        from ragsnap.stopping import stream_answer
-
         should_stop = halt.is_set if halt is not None else None
         with self._lock:
-            events = stream_answer(
-                self.engine,
+            events = self.engine.stream(  # stop strings are the engine's (ragsnap.stopping)
                 parsed.question,
                 documents,
                 self._options(parsed, stop),
