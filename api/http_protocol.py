@@ -18,6 +18,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+
 def _closing_response(status: bytes, text: bytes) -> bytes:
     return (
         b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -25,7 +26,9 @@ def _closing_response(status: bytes, text: bytes) -> bytes:
     )
 
 
-TIMEOUT_RESPONSE = _closing_response(b"408 Request Timeout", b"request headers not received in time")
+TIMEOUT_RESPONSE = _closing_response(
+    b"408 Request Timeout", b"request headers not received in time"
+)
 BUSY_RESPONSE = _closing_response(b"503 Service Unavailable", b"too many open connections")
 
 

@@ -82,6 +82,7 @@ def load_engine(settings: Settings) -> RagSnapEngine:
     return RagSnapEngine(
         loaded,
         store=store,
+        storage_dtype=settings.storage_dtype,
         document_cache=settings.document_cache,
         recompute_share=settings.reuse_recompute,
         prefix_memory_bytes=settings.prefix_memory_mb << 20,

@@ -40,6 +40,11 @@ class Settings(BaseSettings):
         description="secret that encrypts and authenticates every KV cache entry (AES-GCM); "
         "unset = entries are checksummed only",
     )
+    storage_dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
+        default="auto",
+        description="dtype of stored KV entries: auto (the model's), a smaller float, or int8 "
+        "(one float32 scale per head and token)",
+    )
     cache_ping_interval_s: float = Field(
         default=1.5, ge=0, le=60, description="/readyz asks the store at most this often"
     )

@@ -39,6 +39,7 @@ from ragsnap.citations.overlap import question_relevance
 from ragsnap.citations.quotes import document_sentences
 from ragsnap.compression import Press, make_press
 from ragsnap.compression.decode_snapkv import DecodeSnapKV
+from ragsnap.compression.lookahead import press_label
 from ragsnap.compression.lookup_focus import uses_focus
 from ragsnap.documents import Document
 from ragsnap.events import AnswerEvent, CitationsEvent, DoneEvent, MetaEvent, TokenEvent
@@ -418,7 +419,7 @@ class RagSnapEngine:
         stats = AnswerStats(
             model=self.loaded.model_id,
             device=str(self.device),
-            press=prefill.press_config["press"],
+            press=press_label(prefill.press_config),
             press_config=prefill.press_config,
             budget=prefill.press_config.get("budget"),
             prompt_tokens=layout.num_tokens,

@@ -37,7 +37,7 @@ class AnswerStats:
     total_s: float
     cache: str = "off"  # off | miss | hit | prefix-hit | document-hit | unavailable
     cache_bytes_read: int = 0
-    cache_bytes_written: int = 0
+    cache_bytes_written: int = 0  # entries handed to the store (written after the answer)
     cache_load_s: float = 0.0
     cache_tier: str = "off"  # what served the prefill: exact | prefix | documents | cold | off
     reused_documents: int = 0  # documents whose KV came from the per-document tier

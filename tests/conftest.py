@@ -5,6 +5,14 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _shared_cache_key(monkeypatch):
+    """Tests run as a deployment does: a shared store (Redis, Ray replicas) needs a sealing
+    key, so the environment has one (tests/test_cache_defaults.py removes it to check the
+    keyless defaults; a test may set its own)."""
+    monkeypatch.setenv("RAGSNAP_CACHE_KEY", "ragsnap-test-suite-key")
+
+
 def pytest_collection_modifyitems(items):
     """Every test that uses the embedded engine, directly or through another fixture,
     carries the ``model`` marker, so ``-m "not model"`` never loads the model."""

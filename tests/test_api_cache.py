@@ -52,9 +52,7 @@ def test_each_key_has_its_own_cache_namespace(base_url):
     assert other["meta"]["cache"] == "miss"  # the same prompt under another key is not shared
     assert again["stats"]["prefill_tokens"] < first["stats"]["prefill_tokens"]
 
-    metrics = httpx.get(
-        f"{base_url}/metrics", headers={"Authorization": f"Bearer {KEYS[0]}"}
-    ).text
+    metrics = httpx.get(f"{base_url}/metrics", headers={"Authorization": f"Bearer {KEYS[0]}"}).text
     assert 'ragsnap_cache_lookups_total{result="hit"} 1.0' in metrics
     assert 'ragsnap_cache_lookups_total{result="miss"} 2.0' in metrics
     read = re.search(r'ragsnap_cache_bytes_total\{direction="read"\} (\S+)', metrics)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import time
-
 import json
 import logging
+import time
 
 import pytest
-from tests.local_client import LocalClient
 
 from tests.api_helpers import DOCS
+from tests.local_client import LocalClient
 
 KEY, OTHER_KEY = "test-key-1", "test-key-2"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -41,7 +41,9 @@ def test_the_bind_address_and_on_every_interface_the_machine_names_are_local():
 
 
 def test_allowed_hosts_and_api_keys_widen_the_default():
-    assert client(allowed_hosts="*").get("/healthz", headers={"Host": "x.example"}).status_code == 200
+    assert (
+        client(allowed_hosts="*").get("/healthz", headers={"Host": "x.example"}).status_code == 200
+    )
     keyed = client(api_keys=KEY)  # the keys guard the API: any name may reach it
     assert keyed.get("/healthz", headers={"Host": "api.example.com"}).status_code == 200
     listed = client(allowed_hosts="api.example.com")  # an explicit list replaces the default
@@ -52,7 +54,9 @@ def test_metrics_are_public_without_keys_and_need_a_key_with_them():
     assert client().get("/metrics").status_code == 200
     keyed = client(api_keys=KEY, metrics_key=METRICS_KEY)
     assert code(keyed.get("/metrics")) == "missing_api_key"
-    assert code(keyed.get("/metrics", headers={"Authorization": "Bearer nope"})) == "invalid_api_key"
+    assert (
+        code(keyed.get("/metrics", headers={"Authorization": "Bearer nope"})) == "invalid_api_key"
+    )
     for key in (KEY, METRICS_KEY):
         shown = keyed.get("/metrics", headers={"Authorization": f"Bearer {key}"})
         assert shown.status_code == 200 and "ragsnap_" in shown.text

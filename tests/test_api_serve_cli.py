@@ -58,12 +58,11 @@ def test_speculation_is_a_bounded_setting(monkeypatch):
 
 
 def test_prompts_prefill_on_every_core_unless_told(monkeypatch):
-    from tests.local_client import LocalClient
-
     from ragsnap.api.app import create_app
     from ragsnap.api.settings import Settings
     from ragsnap.cli.serve import settings_from_args
     from ragsnap.runtime.threads import available_cores
+    from tests.local_client import LocalClient
     from tests.tiny_models import tiny_engine
 
     args = build_parser().parse_args(["serve", "--prefill-threads", "3"])
@@ -80,13 +79,12 @@ def test_prompts_prefill_on_every_core_unless_told(monkeypatch):
 
 
 def test_a_server_with_a_prefix_tier_reserves_its_batch_memory_at_start(tmp_path):
-    from tests.local_client import LocalClient
-
     from ragsnap.api.app import create_app
     from ragsnap.api.settings import Settings
     from ragsnap.cache import open_store
     from ragsnap.cli.serve import settings_from_args
     from ragsnap.engine import RagSnapEngine
+    from tests.local_client import LocalClient
     from tests.tiny_models import tiny_engine
 
     args = build_parser().parse_args(["serve", "--prefix-memory-mb", "64"])

@@ -71,7 +71,9 @@ def test_unsealed_is_explicit_loud_and_exclusive_with_a_key(tmp_path, caplog):
 
 @pytest.mark.parametrize("query", ["ttl=abc", "max_byte=1MB", "key=x"])
 def test_unknown_file_url_options_are_refused_by_name(tmp_path, query):
-    with pytest.raises(ConfigError, match=f"unknown file:// cache URL option '{query.split('=')[0]}'"):
+    with pytest.raises(
+        ConfigError, match=f"unknown file:// cache URL option '{query.split('=')[0]}'"
+    ):
         open_store(f"file://{tmp_path}?{query}")
 
 

@@ -178,7 +178,8 @@ def test_refused_write_still_answers(engine, redis_factory, ns, cold):
     eng = redis_engine(engine, server.url, prefix_cache=False)
     first, second = ask(eng, Q1, ns), ask(eng, Q1, ns)
     assert first.answer == second.answer == cold(Q1)
-    assert first.stats.cache_bytes_written == 0 and second.stats.cache == "miss"
+    # the entry was serialized and handed to the store (counted), which refused it
+    assert first.stats.cache_bytes_written > 0 and second.stats.cache == "miss"
 
 
 @pytest.mark.parametrize("backend", ["redis", "file"])

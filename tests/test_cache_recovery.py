@@ -43,7 +43,10 @@ def stored_entries(root: Path) -> list[bytes]:
     return [path.read_bytes() for path in root.rglob("*.kv")]
 
 
-def test_a_default_entry_gives_no_token_back_where_a_plaintext_one_gives_the_prompt(tmp_path):
+def test_a_default_entry_gives_no_token_back_where_a_plaintext_one_gives_the_prompt(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("RAGSNAP_CACHE_KEY", raising=False)  # no configuration at all
     tiny = tiny_engine("llama")
     values = token_values(tiny.loaded.model)
     text = " ".join(f"t{2 + (7 * i) % 90}" for i in range(90))

@@ -57,7 +57,7 @@ def _flip(data: bytes) -> bytes:
 
 
 CASES = {
-    # without a key the payload's own consistency checks catch a forged dtype / layout
+    # unsealed (?unsealed=1), the payload's own consistency checks catch a forged dtype / layout
     "file, dtype": ("file", None, lambda d: _with_metadata(d, dtype="bfloat16")),
     "file, storage dtype": ("file", None, lambda d: _with_metadata(d, storage_dtype="float16")),
     "redis, num_layers": ("redis", None, lambda d: _with_metadata(d, num_layers="3")),
@@ -78,7 +78,7 @@ def test_tampered_entry_is_a_miss_deleted_and_the_answer_is_the_cold_one(
 ):
     backend, secret, forge = CASES[case]
     url = f"file://{tmp_path}" if backend == "file" else redis_server.url
-    store = open_store(url, key=secret or "")
+    store = open_store(url, key=secret) if secret else open_store(f"{url}?unsealed=1", key="")
     ns = uuid.uuid4().hex[:12]
     # the store alone: no prefix tiers, and no copy of the entry kept loaded in memory
     eng = RagSnapEngine(

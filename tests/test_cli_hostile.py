@@ -52,20 +52,28 @@ def test_a_non_utf8_layer_profile_is_one_line(tmp_path, doc, capsys, no_model_lo
 
 
 @pytest.mark.parametrize(
-    ("option", "value", "named"),
+    ("option", "value"),
     [
-        ("--temperature", "nan", "temperature"),
-        ("--temperature", "inf", "temperature"),
-        ("--temperature", "-1", "temperature"),
-        ("--top-p", "0", "top_p"),
-        ("--top-p", "nan", "top_p"),
-        ("--seed", str(2**70), "seed"),
-        ("--max-new-tokens", "0", "max_new_tokens"),
+        ("--temperature", "nan"),
+        ("--temperature", "inf"),
+        ("--temperature", "-1"),
+        ("--temperature", "3"),
+        ("--top-p", "0"),
+        ("--top-p", "nan"),
+        ("--seed", str(2**70)),
     ],
 )
-def test_bad_sampling_values_are_one_line(doc, capsys, no_model_load, option, value, named):
-    err = one_line_exit_2(["ask", "-q", "Why?", "--docs", doc, option, value], capsys)
-    assert named in err
+def test_bad_sampling_values_are_one_parser_line(doc, capsys, no_model_load, option, value):
+    with pytest.raises(SystemExit) as exited:  # refused while parsing: no model is loaded
+        main(["ask", "-q", "Why?", "--docs", doc, option, value])
+    assert exited.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith(f"ragsnap ask: error: argument {option}: ") and value in last
+
+
+def test_a_zero_answer_length_is_one_line(doc, capsys, no_model_load):
+    err = one_line_exit_2(["ask", "-q", "Why?", "--docs", doc, "--max-new-tokens", "0"], capsys)
+    assert "max_new_tokens" in err
 
 
 @pytest.mark.parametrize("query", ["ttl=abc", "chunk_bytes=much", "backoff=soon"])

@@ -133,8 +133,7 @@ def test_a_model_with_sliding_layers_is_compressed_by_the_base_press_alone() -> 
 def test_lookahead_is_part_of_the_press_config_and_checked() -> None:
     press = make_press("ragsnap", budget=64, lookahead=4)
     assert isinstance(press, LookaheadPress) and press.tokens == 4
-    base = make_press("ragsnap", budget=64).config()
-    assert press.config() == {**base, "press": "ragsnap-lookahead", "lookahead": 4}
+    assert press.config() == {**make_press("ragsnap", budget=64).config(), "lookahead": 4}
     default = make_press(DEFAULT_PRESS, budget=64)
     assert isinstance(default, LookaheadPress) and default.config()["lookahead"] == 8
     assert (
@@ -197,11 +196,10 @@ def test_the_engine_reports_the_drafted_tokens_and_keys_the_press_by_them(engine
 
 
 def test_the_service_drafts_with_its_default_press_and_not_when_told(engine) -> None:
-    from tests.local_client import LocalClient
-
     from ragsnap.api.app import create_app
     from ragsnap.api.settings import Settings
     from tests.api_helpers import DOCS
+    from tests.local_client import LocalClient
 
     body = {"question": "What causes tides?", "documents": DOCS, "max_new_tokens": 4}
     stats = {}

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import re
 
-from tests.local_client import LocalClient
-
 from ragsnap.api.app import create_app
 from ragsnap.api.settings import Settings
+from tests.local_client import LocalClient
 
 
 def client(**settings) -> LocalClient:

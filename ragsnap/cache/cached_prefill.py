@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ragsnap.cache import keys
+from ragsnap.cache import int8_kv, keys
 from ragsnap.cache.document_tier import DEFAULT_RECOMPUTE_SHARE, DocumentRunner, DocumentTier
 from ragsnap.cache.hit_memory import HitMemory
 from ragsnap.cache.prefix_memory import Layers, PrefixMemory
@@ -498,8 +498,11 @@ class CachedPrefill:
     def _stored_bytes(self, layers: Layers) -> int:
         """The tensor bytes of ``layers`` in the storage dtype (what a prefix entry holds)."""
         size = self.storage_dtype.itemsize if self.storage_dtype is not None else None
+        scales = 4 if self.storage_dtype == torch.int8 else 0  # a float32 scale per vector
         return sum(
-            (k.numel() + v.numel()) * (size or k.element_size()) for k, v in layers
+            (k.numel() + v.numel()) * (size or k.element_size())
+            + (k.numel() // k.shape[-1] + v.numel() // v.shape[-1]) * scales
+            for k, v in layers
         )
 
     def _as_stored(self, layers: Layers) -> Layers:
@@ -507,6 +510,8 @@ class CachedPrefill:
         if self.storage_dtype is None:
             return layers
         with torch.inference_mode():
+            if self.storage_dtype == torch.int8:
+                return [(int8_kv.round_trip(k), int8_kv.round_trip(v)) for k, v in layers]
             return [
                 (k.to(self.storage_dtype).to(k.dtype), v.to(self.storage_dtype).to(v.dtype))
                 for k, v in layers

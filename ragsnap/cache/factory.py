@@ -52,9 +52,7 @@ def _unsealed(url: str) -> tuple[str, bool]:
         return url, False
     value = options.pop(UNSEALED_OPTION).strip().lower()
     if value not in _TRUE | _FALSE:
-        raise ConfigError(
-            f"bad cache URL option: unsealed={value!r} (use 1 or 0)", field="cache"
-        )
+        raise ConfigError(f"bad cache URL option: unsealed={value!r} (use 1 or 0)", field="cache")
     rest = "&".join(f"{k}={v}" for k, v in options.items())
     return (f"{base}?{rest}" if rest else base), value in _TRUE
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ragsnap.cache import int8_kv
 from ragsnap.compression import CompressedLayer
 
 FORMAT_VERSION = "1"
@@ -34,13 +35,35 @@ class StaleEntry(ValueError):
 
 
 def parse_dtype(name: str | None) -> torch.dtype | None:
-    """``"bfloat16"`` -> ``torch.bfloat16``; None or ``"auto"`` -> None (the model's dtype)."""
+    """``"bfloat16"`` -> ``torch.bfloat16``; None or ``"auto"`` -> None (the model's dtype);
+    ``"int8"`` (storage only: :mod:`ragsnap.cache.int8_kv`)."""
     if name is None or name in {"", "auto", "model"}:
         return None
     dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"not a floating-point torch dtype: {name!r}")
+    if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or dtype == torch.int8):
+        raise ValueError(f"not a floating-point torch dtype or int8: {name!r}")
     return dtype
+
+
+def _put_kv(
+    tensors: dict[str, torch.Tensor], name: str, x: torch.Tensor, storage: torch.dtype | None
+) -> None:
+    """Store keys or values ``x`` under ``name`` in ``storage`` (int8: with ``name.scale``)."""
+    if storage == torch.int8:
+        q, scale = int8_kv.quantize(x)
+        tensors[name], tensors[f"{name}.scale"] = _plain(q), _plain(scale)
+    else:
+        tensors[name] = _plain(x, storage)
+
+
+def _get_kv(
+    tensors: dict[str, torch.Tensor], name: str, device: torch.device | str, dtype: torch.dtype
+) -> torch.Tensor:
+    """Keys or values stored by :func:`_put_kv`, as ``dtype`` on ``device``."""
+    scale = tensors.get(f"{name}.scale")
+    if scale is None:
+        return tensors[name].to(device, dtype)
+    return int8_kv.dequantize(tensors[name], scale, dtype, device)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -115,6 +138,8 @@ def _check_layers(
             raise StaleEntry(f"layer {i} is missing")
         if k.dtype != storage or v.dtype != storage:
             raise StaleEntry(f"layer {i} is {k.dtype}/{v.dtype}, the entry says {storage}")
+        if storage == torch.int8:
+            _check_scales(tensors, f"k.{i}", k), _check_scales(tensors, f"v.{i}", v)
         if k.dim() != 4 or k.shape[0] != 1 or k.shape[:3] != v.shape[:3]:
             raise StaleEntry(f"layer {i} has shapes {tuple(k.shape)} / {tuple(v.shape)}")
         if length is not None and k.shape[2] != length:
@@ -124,6 +149,18 @@ def _check_layers(
             raise StaleEntry(f"layer {i} has {heads} heads/dims, layer 0 has {shape}")
         shape = heads
     return count
+
+
+def _check_scales(tensors: dict[str, torch.Tensor], name: str, q: torch.Tensor) -> None:
+    """An int8 tensor's scales: float, one per vector ``q.shape[:-1] + (1,)``, finite."""
+    scale = tensors.get(f"{name}.scale")
+    if (
+        scale is None
+        or not scale.is_floating_point()
+        or tuple(scale.shape) != (*q.shape[:-1], 1)
+        or not bool(torch.isfinite(scale).all())
+    ):
+        raise StaleEntry(f"{name}: missing or malformed int8 scales")
 
 
 def _check_kept(layer: CompressedLayer, original_length: int, j: int) -> None:
@@ -190,15 +227,16 @@ def serialize_prefill(
 
     tensors: dict[str, torch.Tensor] = {}
     for i, (k, v) in enumerate(layers):
-        tensors[f"k.{i}"], tensors[f"v.{i}"] = _plain(k, storage_dtype), _plain(v, storage_dtype)
+        _put_kv(tensors, f"k.{i}", k, storage_dtype)
+        _put_kv(tensors, f"v.{i}", v, storage_dtype)
     kept_layers: list[int] = []
     positions = _positions_dtype(original_length)
     for j, layer in enumerate(kept):
         match = next((i for i, (k, _) in enumerate(layers) if k is layer.keys), -1)
         kept_layers.append(match)
         if match < 0:
-            tensors[f"kk.{j}"] = _plain(layer.keys, storage_dtype)
-            tensors[f"kv.{j}"] = _plain(layer.values, storage_dtype)
+            _put_kv(tensors, f"kk.{j}", layer.keys, storage_dtype)
+            _put_kv(tensors, f"kv.{j}", layer.values, storage_dtype)
         tensors[f"idx.{j}"] = _plain(layer.indices, positions)
         if layer.bias is not None:
             tensors[f"bias.{j}"] = _plain(layer.bias)
@@ -276,7 +314,7 @@ def deserialize_prefill(
                 tensors[str(alias)] = tensors[name]
         original_length = int(meta["original_length"])
         layers = [
-            (tensors[f"k.{i}"].to(device, dtype), tensors[f"v.{i}"].to(device, dtype))
+            (_get_kv(tensors, f"k.{i}", device, dtype), _get_kv(tensors, f"v.{i}", device, dtype))
             for i in range(int(meta["num_layers"]))
         ]
         kept = []
@@ -286,8 +324,8 @@ def deserialize_prefill(
                 keys, values = layers[i]
             else:
                 keys, values = (
-                    tensors[f"kk.{j}"].to(device, dtype),
-                    tensors[f"kv.{j}"].to(device, dtype),
+                    _get_kv(tensors, f"kk.{j}", device, dtype),
+                    _get_kv(tensors, f"kv.{j}", device, dtype),
                 )
             bias, exact = tensors.get(f"bias.{j}"), tensors.get(f"exact.{j}")
             layer = CompressedLayer(
@@ -340,7 +378,8 @@ def serialize_prefix(
 
     tensors: dict[str, torch.Tensor] = {}
     for i, (k, v) in enumerate(layers):
-        tensors[f"k.{i}"], tensors[f"v.{i}"] = _plain(k, storage_dtype), _plain(v, storage_dtype)
+        _put_kv(tensors, f"k.{i}", k, storage_dtype)
+        _put_kv(tensors, f"v.{i}", v, storage_dtype)
     model_dtype = layers[0][0].dtype
     metadata = {
         "format_version": FORMAT_VERSION,
@@ -379,6 +418,6 @@ def deserialize_prefix(
     tensors = _load_tensors(payload)
     count = _check_layers(tensors, meta, length=prefix_len)
     return [
-        (tensors[f"k.{i}"].to(device, dtype), tensors[f"v.{i}"].to(device, dtype))
+        (_get_kv(tensors, f"k.{i}", device, dtype), _get_kv(tensors, f"v.{i}", device, dtype))
         for i in range(count)
     ]

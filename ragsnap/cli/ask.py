@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             prefix_cache=args.prefix_cache,
             document_cache=args.document_cache,
             recompute_share=args.recompute_share,
+            storage_dtype=args.storage_dtype,
             speculate=args.speculate,
             speculate_ngrams=args.speculate_ngrams,
         )

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from ragsnap.cache.store import KVStore
 
 
+STORAGE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+
+
 def number_in(low: float, high: float, *, low_open: bool = False) -> Any:
     """An argparse ``type``: a finite float in ``[low, high]`` (``(low, high]`` with
     ``low_open``), refused while the command line is parsed (before any model loads)."""
@@ -198,7 +201,10 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
         help=f"0 = greedy; at most {MAX_TEMPERATURE:g}",
     )
     group.add_argument(
-        "--top-p", type=number_in(0.0, 1.0, low_open=True), default=1.0, help="nucleus sampling mass"
+        "--top-p",
+        type=number_in(0.0, 1.0, low_open=True),
+        default=1.0,
+        help="nucleus sampling mass",
     )
     group.add_argument("--seed", type=seed_value, help="sampling seed (reproducible answers)")
     group.add_argument(
@@ -280,6 +286,14 @@ def add_cache_options(parser: argparse.ArgumentParser, *, prefix_flag: bool = Tr
             help="share of reused document tokens recomputed with the full context "
             "(0: plain concatenation, 1: as a cold prefill; default $RAGSNAP_REUSE_RECOMPUTE "
             "or 0.15)",
+        )
+        group.add_argument(
+            "--storage-dtype",
+            choices=STORAGE_DTYPES,
+            default=os.environ.get("RAGSNAP_STORAGE_DTYPE", "auto"),
+            help="dtype of stored KV entries: auto (the model's), bfloat16, float16, or int8 "
+            "(one float32 scale per head and token: a quarter of float32's bytes; "
+            "$RAGSNAP_STORAGE_DTYPE)",
         )
 
 

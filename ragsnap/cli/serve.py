@@ -11,6 +11,7 @@ import logging
 import sys
 from typing import Any
 
+from ragsnap.cli.options import STORAGE_DTYPES
 from ragsnap.cli.progress import loading_model
 from ragsnap.models import MATMUL_PRECISIONS
 from ragsnap.runtime.drafts import DEFAULT_SPECULATE
@@ -47,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="most requests decoded together (default 8; 1: one at a time); with "
         "--kv-memory-gib a ceiling, memory the constraint",
+    )
+    parser.add_argument(
+        "--storage-dtype",
+        choices=STORAGE_DTYPES,
+        help="dtype of stored KV entries (default auto: the model's; int8: one float32 scale "
+        "per head and token; $RAGSNAP_STORAGE_DTYPE)",
     )
     parser.add_argument(
         "--kv-memory-gib",
@@ -145,6 +152,7 @@ def given_settings(args: argparse.Namespace) -> dict[str, Any]:
         "max_queue": args.max_queue,
         "max_batch": args.max_batch,
         "kv_memory_gib": args.kv_memory_gib,
+        "storage_dtype": args.storage_dtype,
         "step_tokens": args.step_tokens,
         "prefill_threads": args.prefill_threads,
         "prefix_memory_mb": args.prefix_memory_mb,

@@ -50,9 +50,7 @@ class LookaheadPress(WrapperPress):
             )
 
     def config(self) -> dict[str, Any]:
-        # named as the registry names the default (``ragsnap-lookahead``): stats and README agree
-        base = self.base.config()
-        return {**base, "press": f"{base['press']}-lookahead", "lookahead": self.tokens}
+        return {**self.base.config(), "lookahead": self.tokens}
 
     def compress(self, layer: LayerContext) -> CompressedLayer:
         if layer.drafted is None:
@@ -60,6 +58,13 @@ class LookaheadPress(WrapperPress):
         ahead = min(self.tokens, layer.drafted.shape[2])
         # same memo: window attention is memoized per number of drafted rows
         return self.base.compress(dataclasses.replace(layer, ahead=ahead))
+
+
+def press_label(config: dict[str, Any]) -> str:
+    """A press's name as users name it: the base press, ``-lookahead`` when one drafts
+    (the default press, ``ragsnap-lookahead``, shows as such in every answer's stats)."""
+    name = str(config.get("press", ""))
+    return f"{name}-lookahead" if config.get("lookahead") else name
 
 
 def lookahead_tokens(*presses: Press) -> int:
