@@ -20,6 +20,7 @@ BENCHMARKS = {
     "overhead": "Ray Serve's added latency per request and per streamed token vs in-process",
     "reuse": "per-document KV reuse in new combinations and orders vs cold prefills, per recompute share",
     "fairness": "a small request's wait behind a long prompt, for several long-prompt lengths",
+    "storage": "stored entry bytes, hit load time and KL to the full cache per storage dtype",
 }
 
 
