@@ -312,3 +312,35 @@ def test_redis_auth_urls_work_and_never_show_the_password(redis_factory):
         assert anonymous.ping(0.5) is False
         with pytest.raises(StoreUnavailable):
             anonymous.get(_key())
+
+
+def test_a_frozen_redis_costs_one_short_wait_then_the_backoff(redis_factory):
+    """A server that stops answering (SIGSTOP: a stuck or swapping host) is a miss after
+    ``socket_timeout`` (default 2 s), and the next requests skip it at once."""
+    import signal
+    import time
+
+    from ragsnap.cache import StoreUnavailable
+
+    pytest.importorskip("redis")
+    server = redis_factory()
+    store = open_store(server.url + "?socket_timeout=0.5", key="k")
+    key = _key(uuid.uuid4().hex)
+    assert store.put(key, b"payload") and store.get(key) == b"payload"
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            store.get(key)
+        first = time.monotonic() - started
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            store.get(key)
+        again = time.monotonic() - started
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    assert first < 5 and again < first  # one timeout, then the backoff answers at once
+    assert store.available is False
+    with pytest.raises(ConfigError, match="socket_timeout"):
+        open_store(server.url + "?socket_timeout=0", key="k")
+    store.close()

@@ -40,7 +40,7 @@ DEFAULT_CHUNK_BYTES = 4 * 2**20
 LOCK_TTL_S = 120.0
 _POLL_S = 0.05
 _MAX_CHUNKS = 1 << 16  # 256 GiB at the default chunk size: a larger count is a forged manifest
-_OWN_OPTIONS = ("ttl", "chunk_bytes", "backoff", "max_backoff")
+_OWN_OPTIONS = ("ttl", "chunk_bytes", "backoff", "max_backoff", "socket_timeout")
 T = TypeVar("T")
 N = TypeVar("N", int, float)
 
@@ -69,13 +69,15 @@ class RedisKVStore(KVStore):
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
-        socket_timeout_s: float = 10.0,
+        socket_timeout_s: float = 2.0,
     ) -> None:
         super().__init__()
         if ttl_s < 1 or chunk_bytes < 1:
             raise ValueError("ttl and chunk_bytes must be positive")
         if not (0 <= backoff_s <= 3600 and 0 <= max_backoff_s <= 86400):
             raise ValueError("backoff and max_backoff must be between 0 and an hour / a day")
+        if not 0 < socket_timeout_s <= 600:
+            raise ValueError("socket_timeout must be between 0 and 600 seconds")
         self.url = url
         self.ttl_s = int(ttl_s)
         self.chunk_bytes = int(chunk_bytes)
@@ -95,8 +97,9 @@ class RedisKVStore(KVStore):
 
     @classmethod
     def from_url(cls, url: str) -> RedisKVStore:
-        """Build from a URL; ``ttl``, ``chunk_bytes``, ``backoff`` and ``max_backoff`` query
-        options are ours, every other option goes to redis-py."""
+        """Build from a URL; ``ttl``, ``chunk_bytes``, ``backoff``, ``max_backoff`` and
+        ``socket_timeout`` (seconds, default 2) query options are ours, every other option
+        goes to redis-py."""
         parts = urlsplit(url)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         own = {k: query.pop(k) for k in _OWN_OPTIONS if k in query}
@@ -112,6 +115,8 @@ class RedisKVStore(KVStore):
             kwargs["backoff_s"] = _number(own["backoff"], "backoff", float)
         if "max_backoff" in own:
             kwargs["max_backoff_s"] = _number(own["max_backoff"], "max_backoff", float)
+        if "socket_timeout" in own:  # a frozen server costs one such wait, then the backoff
+            kwargs["socket_timeout_s"] = _number(own["socket_timeout"], "socket_timeout", float)
         return cls(urlunsplit(parts._replace(query=urlencode(query))), **kwargs)
 
     def describe(self) -> str:
