@@ -16,7 +16,7 @@ def _key(namespace: str = "default", n: int | None = None) -> EntryKey:
 
 
 def test_round_trip_and_damage(tmp_path):
-    store = open_store(f"file://{tmp_path}?max_bytes=1MB&unsealed=1")
+    store = open_store(f"file://{tmp_path}?max_bytes=1MB&unsealed=1", key="")
     assert isinstance(store, FileKVStore) and store.max_bytes == 2**20
     key, payload = _key(), os.urandom(5000)
     assert store.put(key, payload)

@@ -20,7 +20,7 @@ def _key(namespace: str | None = None, digest: str | None = None) -> EntryKey:
 
 @pytest.fixture
 def store(redis_server):
-    with open_store(redis_server.url + "?chunk_bytes=1000&ttl=600&unsealed=1") as opened:
+    with open_store(redis_server.url + "?chunk_bytes=1000&ttl=600&unsealed=1", key="") as opened:
         assert isinstance(opened, RedisKVStore)
         yield opened
 
@@ -74,7 +74,7 @@ def test_odd_namespaces_never_reach_the_key_space(store):
 
 def test_oom_on_write_is_refused_not_raised(redis_factory):
     server = redis_factory("--maxmemory", "8mb", "--maxmemory-policy", "noeviction")
-    with open_store(server.url + "?unsealed=1") as small:
+    with open_store(server.url + "?unsealed=1", key="") as small:
         assert small.put(_key(), os.urandom(32 * 2**20)) is False
         key = _key()
         assert small.put(key, b"small") is True
