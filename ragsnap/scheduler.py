@@ -291,19 +291,11 @@ class Scheduler:
         self.prefilling = [request]
         self._no_prefill.clear()
         try:
-            found = self._deferred.pop(id(request), None)
+            found = self._admissible(request)
             if found is None:
-                request.started()
-                found = self._lookup(request)
-            if found is None:
-                return
-            allowed = self._memory_allows(request, found)
-            if allowed is None:
-                return
-            if not allowed:  # it leads the queue until running answers free enough memory
-                with self._changed:
-                    self._deferred[id(request)] = found
-                    self._waiting.appendleft(request)
+                if id(request) in self._deferred:  # it leads the queue until memory frees
+                    with self._changed:
+                        self._waiting.appendleft(request)
                 return
             if isinstance(found, PromptLayout):
                 self._finish_parked()  # a prefill takes seconds: they do not wait for it
@@ -320,6 +312,22 @@ class Scheduler:
             with self._changed:
                 if not self._waiting and not self._parked:
                     self._no_prefill.set()
+
+    def _admissible(
+        self, request: Request
+    ) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
+        """``request``'s lookup (an earlier one is kept) when it may start now; None when it
+        closed, failed, or must wait for KV memory (its lookup then stays in ``_deferred``)."""
+        found = self._deferred.pop(id(request), None)
+        if found is None:
+            request.started()
+            found = self._lookup(request)
+        if found is None:
+            return None
+        allowed = self._memory_allows(request, found)
+        if allowed is False:
+            self._deferred[id(request)] = found
+        return found if allowed else None
 
     def _lookup(self, request: Request) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
         """The engine's lookup of ``request``; None when it was cancelled or failed."""
@@ -487,18 +495,10 @@ class Scheduler:
             if room >= self.max_batch or self._stopping:
                 kept.append(request)
                 continue
-            found = self._deferred.pop(id(request), None)
+            found = self._admissible(request)
             if found is None:
-                request.started()
-                found = self._lookup(request)
-            if found is None:
-                continue
-            allowed = self._memory_allows(request, found)
-            if allowed is None:
-                continue
-            if not allowed:
-                self._deferred[id(request)] = found
-                kept.append(request)
+                if id(request) in self._deferred:  # waits for KV memory
+                    kept.append(request)
             elif isinstance(found, PreparedAnswer):
                 self._join(request, found)
             elif isinstance(found, PendingAnswer):
