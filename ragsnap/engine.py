@@ -37,6 +37,7 @@ from ragsnap.citations.markers import (
 from ragsnap.citations.options import CitationOptions
 from ragsnap.citations.overlap import question_relevance
 from ragsnap.citations.quotes import document_sentences
+from ragsnap.citations.verdict import judge
 from ragsnap.compression import Press, make_press
 from ragsnap.compression.decode_snapkv import DecodeSnapKV
 from ragsnap.compression.lookahead import press_label
@@ -462,13 +463,16 @@ class RagSnapEngine:
             truncated_doc_ids=layout.truncated_doc_ids,
         )
         kept = self.kept_map(prepared) if prepared.options.kept_tokens else None
-        return CitationsEvent(citations=citations, answer_with_markers=marked), DoneEvent(
+        done = DoneEvent(
             answer=answer,
             citations=citations,
             stats=stats,
             answer_with_markers=marked,
             kept_tokens=kept,
         )
+        # the verdict, and abstention when asked for (issue 43); streamed tokens stay
+        done = judge(done, prepared.options.citations)
+        return CitationsEvent(citations=citations, answer_with_markers=marked), done
 
     def kept_map(self, prepared: PreparedAnswer) -> list[DocumentKeptTokens]:
         """Per document, the share of layers and heads that kept each of its tokens."""

@@ -45,14 +45,33 @@ class CitationsEvent:
 @dataclass
 class DoneEvent:
     """The last event: the full answer, its citations and every statistic;
-    ``kept_tokens`` (when asked for) each document's kept-token map."""
+    ``kept_tokens`` (when asked for) each document's kept-token map.
+
+    The verdict (issue 43, ``ragsnap.citations.verdict``): ``grounded`` and
+    ``grounded_score`` (None without evidence: markers mode, or nothing to check),
+    ``unsupported_sentences`` (``[start, end]`` offsets into the model's answer); when the
+    request said ``unsupported: "abstain"`` and the answer was not grounded, ``answer`` is
+    the abstention text and ``model_answer`` the model's own (else None)."""
 
     answer: str
     citations: list[Citation]
     stats: AnswerStats
     answer_with_markers: str | None = None
     kept_tokens: list[DocumentKeptTokens] | None = None
+    grounded: bool | None = None
+    grounded_score: float | None = None
+    unsupported_sentences: list[list[int]] = field(default_factory=list)
+    model_answer: str | None = None
     type: str = "done"
+
+    def verdict(self) -> dict[str, Any]:
+        """The verdict fields, as every route serializes them."""
+        return {
+            "grounded": self.grounded,
+            "grounded_score": self.grounded_score,
+            "unsupported_sentences": self.unsupported_sentences,
+            "model_answer": self.model_answer,
+        }
 
 
 AnswerEvent = MetaEvent | TokenEvent | CitationsEvent | DoneEvent

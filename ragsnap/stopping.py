@@ -89,17 +89,22 @@ class StopFilter:
             cut = CitationsEvent(citations=cited_in(matcher.text, event.citations))
             return [TokenEvent(text=rest), cut] if rest else [cut]
         if isinstance(event, DoneEvent):
-            answer = matcher.text if matcher.matched is not None else event.answer
+            model = event.model_answer if event.model_answer is not None else event.answer
+            answer = matcher.text if matcher.matched is not None else model
             stats = replace(event.stats, stop_sequence=matcher.matched)
             if matcher.matched is not None:
                 stats.finish_reason = "stop"
             citations = cited_in(answer, event.citations)
+            # the verdict travels on (issue 43); an abstention keeps its text
+            abstained = event.model_answer is not None
             return [
-                DoneEvent(
-                    answer=answer,
+                replace(
+                    event,
+                    answer=event.answer if abstained else answer,
+                    model_answer=answer if abstained else None,
                     citations=citations,
                     stats=stats,
-                    kept_tokens=event.kept_tokens,  # the prompt's, untouched by the cut
+                    answer_with_markers=None,
                 )
             ]
         return [event]

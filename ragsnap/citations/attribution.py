@@ -31,6 +31,7 @@ from ragsnap.citations.model import Citation, Quote
 from ragsnap.citations.overlap import SentenceIndex, question_relevance, titles_named
 from ragsnap.citations.quotes import DocumentSentence, span_keep_share
 from ragsnap.citations.sentences import Sentence, content_words, split_sentences
+from ragsnap.citations.support import SupportRule, check_citations
 from ragsnap.documents import Document
 from ragsnap.errors import ConfigError
 
@@ -107,6 +108,7 @@ class Evidence:
     quote: list[list[int]]
     quote_score: list[list[float]]
     named: list[bool] = field(default_factory=list)
+    question_text: str = ""  # the question itself (its claims name the topic, issue 43)
 
     def scores(self, weights: AttributionWeights) -> list[list[float]]:
         """``[S][D]`` combined scores."""
@@ -225,7 +227,7 @@ def gather_evidence(
         quote_score.append(pick_score)
     relevance = question_relevance(question, [f"{d.title}\n{d.text}" for d in documents])
     named = titles_named(question, [d.title for d in documents])
-    return Evidence(sentences, overlap, attn_rel, relevance, quote, quote_score, named)
+    return Evidence(sentences, overlap, attn_rel, relevance, quote, quote_score, named, question)
 
 
 def select_documents(
@@ -298,12 +300,15 @@ def attribute(
     *,
     keep_rate: Sequence[float] | None = None,
     doc_keep_shares: Sequence[float] | None = None,
+    rule: SupportRule | None = None,
 ) -> list[Citation]:
     """Citations of ``answer``: documents the evidence selects and those the model marked.
 
     A model-written marker is kept (``source`` ``marker``, or ``marker+attribution`` when
-    the evidence selects it too) with ``supported`` saying whether the evidence backs it;
-    numbers outside ``1..len(documents)`` are dropped. Ordered by first supported sentence.
+    the evidence selects it too); numbers outside ``1..len(documents)`` are dropped.
+    ``supported`` says whether the evidence selects the document and its quotes back the
+    claims of the sentences it is cited for (``ragsnap.citations.support``, ``rule``).
+    Ordered by first supported sentence.
     """
     scores = evidence.scores(weights)
     chosen = select_documents(evidence, weights)
@@ -324,8 +329,10 @@ def attribute(
                 order.append(d)
     order += [d for d in marked if d not in order]
     citations = []
+    used: list[list[int]] = []
     for d in order:
         sents = support.get(d, [])
+        used.append(sents or marked.get(d, []))
         best = max((scores[s][d] for s in range(len(scores))), default=0.0)
         quotes = _quotes(
             d, sents or marked.get(d, []), evidence, doc_sentences, documents, keep_rate
@@ -345,7 +352,28 @@ def attribute(
                 quotes=quotes,
             )
         )
-    return citations
+    quoted = [
+        [_quote_text(evidence, doc_sentences, documents, s, c.index - 1) for s in mine]
+        for c, mine in zip(citations, used, strict=True)
+    ]
+    return check_citations(
+        evidence.sentences, citations, used, quoted, documents, evidence.question_text, rule
+    )
+
+
+def _quote_text(
+    evidence: Evidence,
+    doc_sentences: Sequence[Sequence[DocumentSentence]],
+    documents: Sequence[Document],
+    s: int,
+    d: int,
+) -> str:
+    """The sentence document ``d`` quotes for answer sentence ``s`` ("" for none)."""
+    k = evidence.quote[s][d]
+    if k < 0:
+        return ""
+    sentence = doc_sentences[d][k].sentence
+    return documents[d].text[sentence.start : sentence.end]
 
 
 def _quotes(

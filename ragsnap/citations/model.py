@@ -22,15 +22,26 @@ class Quote:
 
 
 @dataclass(frozen=True)
+class Span:
+    """A claim of the answer no quote backs: ``text == answer[start:end]``."""
+
+    text: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
 class Citation:
     """A cited document. ``kept_share`` is the share of its tokens the press kept
     (mean over layers and KV heads), None when no compression ran.
 
     ``source`` says how it was found: ``"marker"`` (the model wrote ``[n]``),
     ``"attribution"`` (evidence alone) or ``"marker+attribution"``; ``supported`` is
-    whether the evidence backs it (None when no evidence was computed: a model-written
-    marker with ``supported=False`` is flagged); ``score`` is the best evidence score of
-    the document for the answer's sentences; ``sentences`` are the indices of the answer
+    whether its quotes back what the sentences it is cited for say (claim-level, issue 43;
+    None when no evidence was computed: a model-written marker with ``supported=False`` is
+    flagged); ``unsupported`` the claims no quote backs (spans into the answer), when not
+    supported; ``spans`` the ``[start, end)`` answer offsets of ``sentences``; ``score``
+    is the best evidence score of the document for the answer's sentences; ``sentences`` are the indices of the answer
     sentences it supports; ``quotes`` its supporting sentences, best first.
     """
 
@@ -43,9 +54,13 @@ class Citation:
     supported: bool | None = None
     sentences: tuple[int, ...] = ()
     quotes: tuple[Quote, ...] = ()
+    spans: tuple[tuple[int, int], ...] = ()
+    unsupported: tuple[Span, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["sentences"] = list(self.sentences)
         out["quotes"] = [asdict(q) for q in self.quotes]
+        out["spans"] = [list(span) for span in self.spans]
+        out["unsupported"] = [asdict(span) for span in self.unsupported]
         return out

@@ -1,0 +1,73 @@
+"""The answer-level verdict (issue 43): is the answer ``grounded`` in its citations, and
+what becomes of an answer that is not (``unsupported``: ``flag`` or ``abstain``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from ragsnap.citations.claims import claims
+from ragsnap.citations.model import Citation
+from ragsnap.citations.sentences import split_sentences
+from ragsnap.citations.support import SupportRule
+
+if TYPE_CHECKING:
+    from ragsnap.citations.options import CitationOptions
+    from ragsnap.events import DoneEvent
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``score``: the share of the answer's claims in supported sentences (None when the
+    answer asserts nothing a document could back); ``grounded``: it reaches the rule's
+    ``grounded_share`` (None with the score); ``unsupported``: the ``[start, end)``
+    spans of the answer's sentences that are not supported."""
+
+    grounded: bool | None
+    score: float | None
+    unsupported: tuple[tuple[int, int], ...] = ()
+
+
+def grounding(
+    answer: str, citations: Sequence[Citation], rule: SupportRule | None = None
+) -> Verdict:
+    """The verdict of ``answer`` from its checked ``citations``: a sentence is supported
+    when a citation is cited for it and none lists an unsupported claim inside it."""
+    rule = rule or SupportRule()
+    total = backed = 0
+    unsupported: list[tuple[int, int]] = []
+    for sentence in split_sentences(answer):
+        weight = len(claims(sentence.text))
+        if not weight:
+            continue
+        span = (sentence.start, sentence.end)
+        mine = [c for c in citations if span in c.spans]
+        failed = any(sentence.start <= u.start < sentence.end for c in mine for u in c.unsupported)
+        total += weight
+        if mine and not failed:
+            backed += weight
+        else:
+            unsupported.append(span)
+    if not total:
+        return Verdict(None, None)
+    score = round(backed / total, 4)
+    return Verdict(score >= rule.grounded_share, score, tuple(unsupported))
+
+
+def judge(done: DoneEvent, options: CitationOptions) -> DoneEvent:
+    """``done`` with its verdict; with ``unsupported="abstain"`` an answer that is not
+    grounded becomes ``options.abstain_text`` (the model's answer kept in
+    ``model_answer``). Model markers alone carry no evidence: no verdict."""
+    if options.mode != "attribution":
+        return done
+    verdict = grounding(done.answer, done.citations, options.support)
+    done = replace(
+        done,
+        grounded=verdict.grounded,
+        grounded_score=verdict.score,
+        unsupported_sentences=[list(span) for span in verdict.unsupported],
+    )
+    if options.unsupported == "abstain" and verdict.grounded is False:
+        done = replace(done, answer=options.abstain_text, model_answer=done.answer)
+    return done
