@@ -206,6 +206,7 @@ def answer_options(
     citations: CitationsIn | None = None,
     kept_tokens: bool = False,
     document_order: DocumentOrder = "relevance",
+    unsupported: str | None = None,
 ) -> AnswerOptions:
     """Press and generation settings; a bad value is a 422 naming its field."""
     default = min(settings.default_max_new_tokens, settings.max_new_tokens_limit)
@@ -249,7 +250,11 @@ def answer_options(
         chat=chat,
         decode_compression=decode,
         citations=CitationOptions(
-            mode=cite.mode, marker_control=cite.marker_control, inline_markers=cite.inline_markers
+            mode=cite.mode,
+            marker_control=cite.marker_control,
+            inline_markers=cite.inline_markers,
+            unsupported=unsupported or settings.unsupported,
+            abstain_text=settings.abstain_text,
         ),
         kept_tokens=kept_tokens,
         document_order=document_order,
@@ -371,6 +376,7 @@ def event_payload(event: AnswerEvent) -> dict[str, Any]:
         "answer_with_markers": event.answer_with_markers,
         "citations": [c.to_dict() for c in event.citations],
         "stats": event.stats.to_dict(),
+        **event.verdict(),  # grounded, grounded_score... (issue 43)
     }
     if event.kept_tokens is not None:  # asked for: the kept-token map of each document
         payload["kept_tokens"] = [d.to_dict() for d in event.kept_tokens]

@@ -38,6 +38,11 @@ TEMPERATURE = (
 )
 TOP_P = "nucleus sampling: the smallest set of tokens whose probability reaches top_p (the most likely always stays)"
 SEED = "sampling seed, a signed 64-bit integer (-2**63 to 2**63-1)"
+UNSUPPORTED = (
+    "an answer its quotes do not back: flag it (grounded: false) or abstain (the answer "
+    "becomes the server's abstain_text, the model's kept as model_answer; streamed tokens "
+    "are never changed); default: the server's setting"
+)
 
 
 class DocumentIn(BaseModel):
@@ -189,6 +194,10 @@ class AnswerRequest(RetrievalFields):
     history: list[TurnIn] | None = Field(default=None, max_length=256)
     stop: StopIn = None
     citations: CitationsIn | None = None
+    unsupported: Literal["flag", "abstain"] | None = Field(
+        default=None,
+        description=UNSUPPORTED,
+    )
 
     question: Text = Field(min_length=1, max_length=1_000_000)
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -240,6 +249,18 @@ class AnswerResponse(BaseModel):
     answer_with_markers: str | None = None
     kept_tokens: list[DocumentKeptTokensOut] | None = Field(
         default=None, description="with kept_tokens: true"
+    )
+    grounded: bool | None = Field(
+        default=None, description="the quotes back the answer (None: nothing to check)"
+    )
+    grounded_score: float | None = Field(
+        default=None, ge=0, le=1, description="share of the answer's claims its quotes back"
+    )
+    unsupported_sentences: list[list[int]] = Field(
+        default_factory=list, description="[start, end] of answer sentences no quote backs"
+    )
+    model_answer: str | None = Field(
+        default=None, description="the model's answer, when unsupported=abstain replaced it"
     )
 
 
@@ -307,3 +328,7 @@ class ChatCompletionRequest(RetrievalFields):
     n: int | None = Field(default=None, ge=1, le=1, description="one choice per request")
     stop: StopIn = None
     sources: bool = Field(default=False, description="append a Sources: list to the answer")
+    unsupported: Literal["flag", "abstain"] | None = Field(
+        default=None,
+        description=UNSUPPORTED,
+    )

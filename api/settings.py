@@ -92,6 +92,17 @@ class Settings(BaseSettings):
         description="force the full prefill path: presses that propagate (query-aware "
         "prefill) run without it",
     )
+    unsupported: Literal["flag", "abstain"] = Field(
+        default="flag",
+        description="requests that say none: flag an answer its quotes do not back "
+        "(`grounded: false`), or abstain (the answer becomes `abstain_text`; issue 43)",
+    )
+    abstain_text: str = Field(
+        default="The documents do not answer this.",
+        min_length=1,
+        max_length=1_000,
+        description="the answer that replaces one not grounded, with unsupported=abstain",
+    )
     corpus_dir: str | None = Field(default=None, description="folder searched by the `query` field")
     served_model_name: str = Field(
         default="ragsnap", description="alias accepted as `model` on /v1"

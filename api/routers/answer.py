@@ -77,6 +77,7 @@ async def answer(
         citations=body.citations,
         kept_tokens=body.kept_tokens,
         document_order=body.document_order,
+        unsupported=body.unsupported,
     )
     log["stream"] = body.stream
     job = await submit_job(services, question, documents, options, namespace, log)

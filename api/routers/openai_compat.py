@@ -100,7 +100,10 @@ async def completion_chunks(
             delta = {"annotations": citation_annotations(item.answer, item.citations)}
             finish = stats.finish_reason
             logprobs = citation_logprobs(citations)
-            extra = {"citations": citations, "documents": documents, "ragsnap": stats.to_dict()}
+            ragsnap = {**stats.to_dict(), **item.verdict()}  # the verdict (issue 43)
+            if item.model_answer is not None:  # abstained: the answer that replaces it
+                ragsnap["answer"] = item.answer
+            extra = {"citations": citations, "documents": documents, "ragsnap": ragsnap}
             yield chunk(delta, finish, logprobs, **extra)
             if include_usage:
                 yield sse({**base, "choices": [], "usage": usage(stats)})
@@ -151,6 +154,7 @@ async def chat_completions(
         stop=body.stop,
         chat=chat,
         document_order=body.document_order,
+        unsupported=body.unsupported,
     )
     log["stream"] = body.stream
     job = await submit_job(services, parsed.question, documents, options, namespace, log)
@@ -173,7 +177,10 @@ async def chat_completions(
     message = {
         "role": "assistant",
         "content": content,
-        "annotations": citation_annotations(done.answer, done.citations),
+        # an abstention's text quotes nothing: no offsets into it
+        "annotations": []
+        if done.model_answer is not None
+        else citation_annotations(done.answer, done.citations),
     }
     return {
         **base,
@@ -189,5 +196,5 @@ async def chat_completions(
         "usage": usage(done.stats),
         "citations": citations,
         "documents": meta.documents,
-        "ragsnap": done.stats.to_dict(),
+        "ragsnap": {**done.stats.to_dict(), **done.verdict()},
     }

@@ -65,6 +65,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also print the answer with [n] after each supported sentence",
     )
+    group.add_argument(
+        "--unsupported",
+        choices=("flag", "abstain"),
+        default="flag",
+        help="an answer its quotes do not back: flag it (grounded: no; default) or abstain "
+        "(the final answer becomes --abstain-text; the streamed tokens stay the model's)",
+    )
+    group.add_argument(
+        "--abstain-text",
+        default=None,
+        help='the answer that replaces one not grounded (default: "The documents do not '
+        'answer this.")',
+    )
     add_press_options(parser)
     add_document_order_option(parser)
     add_generation_options(parser)
@@ -74,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragsnap.citations.options import CitationOptions
+    from ragsnap.citations.options import ABSTAIN_TEXT, CitationOptions
     from ragsnap.engine import AnswerOptions, RagSnapEngine
     from ragsnap.events import DoneEvent, MetaEvent, TokenEvent
 
@@ -85,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         mode=args.citations,
         marker_control=args.marker_control,
         inline_markers=args.inline_markers,
+        unsupported=args.unsupported,
+        abstain_text=args.abstain_text or ABSTAIN_TEXT,
     )
     options = AnswerOptions(
         press=press_from_args(args),
@@ -123,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             "answer": done.answer,
             "citations": [c.to_dict() for c in done.citations],
             "answer_with_markers": done.answer_with_markers,
+            **done.verdict(),  # grounded, grounded_score... (issue 43)
             "stats": done.stats.to_dict(),
         }
         print(json.dumps(payload, indent=2))
@@ -163,7 +179,9 @@ def print_summary(done: DoneEvent) -> None:
     if done.citations:
         for c in done.citations:
             kept = "" if c.kept_share is None else f" ({c.kept_share:.0%} of its tokens kept)"
-            flag = " UNSUPPORTED (model marker without evidence)" if c.supported is False else ""
+            missing = ", ".join(u.text for u in c.unsupported)
+            flag = "" if c.supported is not False else " UNSUPPORTED"
+            flag += f" (not in its quotes: {missing})" if missing else ""
             score = "" if c.score is None else f", score {c.score:.2f}"
             print(f"[{c.index}] {c.title or c.doc_id}{kept}{score}{flag}")
             for q in c.quotes:
@@ -171,6 +189,7 @@ def print_summary(done: DoneEvent) -> None:
                 print(f'    "{q.text}" (chars {q.start}-{q.end}{share})')
     else:
         print("no citations")
+    print(grounding_line(done))
     full, kv_kept = stats.kv_bytes_full, stats.kv_bytes_kept
     ratio = kv_kept / full if full else 1.0
     print(
@@ -198,6 +217,20 @@ def print_summary(done: DoneEvent) -> None:
         )
         + _cache_detail(stats)
     )
+
+
+def grounding_line(done: DoneEvent) -> str:
+    """The verdict (issue 43): grounded or not, its score, what was not backed and, when
+    the answer was replaced, by what."""
+    if done.grounded is None:
+        return "grounded: n/a (no evidence to check)"
+    spoken = done.model_answer if done.model_answer is not None else done.answer
+    line = f"grounded: {'yes' if done.grounded else 'no'} (score {done.grounded_score:.2f})"
+    for start, end in done.unsupported_sentences:
+        line += f'\n    not backed by its quotes: "{spoken[start:end]}"'
+    if done.model_answer is not None:
+        line += f"\nabstained: {done.answer}"
+    return line
 
 
 def _cache_detail(stats: AnswerStats) -> str:

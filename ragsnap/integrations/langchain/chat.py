@@ -8,8 +8,10 @@ prompt | chat`` puts them there; :mod:`ragsnap.conversation` says exactly how me
 text becomes the question, instructions, history and documents. System instructions and
 earlier turns reach the prompt; ``stop`` cuts the answer. Tokens stream as
 ``AIMessageChunk``s; the last chunk carries ``usage_metadata`` and, in
-``response_metadata``, the citations, cache status, prompt and kept tokens and every
-engine statistic. Tools and structured output are refused when bound. Needs the
+``response_metadata``, the citations, the verdict (``grounded``, ``grounded_score``,
+``model_answer``; issue 43), cache status, prompt and kept tokens and every engine
+statistic. With ``unsupported="abstain"``, ``invoke`` answers the abstention text when
+the answer is not grounded (streamed chunks stay the model's; the last one says so). Tools and structured output are refused when bound. Needs the
 ``langchain`` extra (langchain-core, httpx).
 """
 
@@ -20,7 +22,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
@@ -34,7 +36,7 @@ from langchain_core.messages import (
     SystemMessage,
 )
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
@@ -61,7 +63,8 @@ def _payload(event: AnswerEvent) -> dict[str, Any]:
         return {"text": event.text}
     if isinstance(event, DoneEvent):
         citations = [c.to_dict() for c in event.citations]
-        return {"answer": event.answer, "citations": citations, "stats": event.stats.to_dict()}
+        stats = event.stats.to_dict()
+        return {"answer": event.answer, "citations": citations, "stats": stats, **event.verdict()}
     return {"citations": [c.to_dict() for c in event.citations]}
 
 
@@ -132,6 +135,9 @@ class ChatRagSnap(BaseChatModel):
     timeout: float = 300.0
     max_retries: int = Field(default=2, ge=0)  # connection retries against a server
     streaming: bool = False  # accepted for compatibility: invoke and stream answer alike
+    unsupported: Literal["flag", "abstain"] | None = None
+    """An answer its quotes do not back (issue 43): ``flag`` it, or ``abstain``;
+    None: the server's default (in-process: ``flag``)."""
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
@@ -264,11 +270,14 @@ class ChatRagSnap(BaseChatModel):
         generation = GenerationConfig(
             max_new_tokens=self.max_new_tokens, temperature=self.temperature, stop=stop
         )
+        from ragsnap.citations.options import CitationOptions
+
         return AnswerOptions(
             press=press,
             generation=generation,
             chat=parsed.chat,
             document_order=self.document_order,
+            citations=CitationOptions(unsupported=self.unsupported or "flag"),
         )
 
     def _local_events(
@@ -309,6 +318,7 @@ class ChatRagSnap(BaseChatModel):
             "instructions": parsed.instructions or None,
             "history": [{"role": t.role, "content": t.text} for t in parsed.history] or None,
             "stop": list(stop) or None,
+            "unsupported": self.unsupported,
             "stream": True,
         }
         url = f"{str(self.base_url).rstrip('/')}/v1/answer"
@@ -363,6 +373,12 @@ class ChatRagSnap(BaseChatModel):
             "kept_tokens": stats.get("kept_tokens"),
             "documents": meta.get("documents", []),
             "ragsnap": stats,
+            # the verdict (issue 43); answer: what an abstention replaced the tokens with
+            "grounded": done.get("grounded"),
+            "grounded_score": done.get("grounded_score"),
+            "unsupported_sentences": done.get("unsupported_sentences", []),
+            "model_answer": done.get("model_answer"),
+            "answer": done.get("answer"),
         }
         usage = UsageMetadata(input_tokens=prompt, output_tokens=new, total_tokens=prompt + new)
         message = AIMessageChunk(
@@ -447,7 +463,7 @@ class ChatRagSnap(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+        return _abstained(generate_from_stream(self._stream(messages, stop, run_manager, **kwargs)))
 
     async def _agenerate(
         self,
@@ -456,4 +472,17 @@ class ChatRagSnap(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
+        result = await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
+        return _abstained(result)
+
+
+def _abstained(result: ChatResult) -> ChatResult:
+    """``result`` with the abstention text as its content when the answer was replaced
+    (``unsupported="abstain"``); the model's own stays in ``model_answer``."""
+    generation = result.generations[0]
+    metadata = generation.message.response_metadata
+    if metadata.get("model_answer") is None:
+        return result
+    message = generation.message.model_copy(update={"content": metadata["answer"]})
+    replaced = ChatGeneration(message=message, generation_info=generation.generation_info)
+    return ChatResult(generations=[replaced], llm_output=result.llm_output)
