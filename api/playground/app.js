@@ -195,6 +195,7 @@
     state.kept = new Map();
     state.citations = [];
     $("answer").textContent = "";
+    $("verdict").textContent = "";
     $("answer").classList.add("streaming");
     $("answer").dataset.state = "streaming";
     $("citations").replaceChildren(item("waiting for the answer", "muted"));
@@ -221,7 +222,7 @@
   }
 
   function onDone(done) {
-    $("answer").textContent = done.answer; // the final text (a stop string may cut it)
+    renderAnswer(done); // the final text (a stop string may cut it), unsupported sentences marked
     $("answer").dataset.state = "done";
     renderCitations(done.citations);
     for (const doc of done.kept_tokens || []) state.kept.set(doc.doc_id, doc);
@@ -243,6 +244,38 @@
       "new tokens": s.new_tokens,
     });
     renderDocuments();
+  }
+
+  // -- the verdict (issue 43): sentences no quote backs are marked; an abstention shows the
+  // model's own answer under it ------------------------------------------------------------
+  function renderAnswer(done) {
+    const spoken = done.model_answer == null ? done.answer : done.model_answer;
+    const marked = document.createElement("span");
+    let at = 0;
+    for (const [start, end] of done.unsupported_sentences || []) {
+      marked.append(spoken.slice(at, start));
+      const mark = document.createElement("mark");
+      mark.className = "unsupported";
+      mark.title = "no quote backs this sentence";
+      mark.textContent = spoken.slice(start, end);
+      marked.append(mark);
+      at = end;
+    }
+    marked.append(spoken.slice(at));
+    const answer = $("answer");
+    if (done.model_answer == null) {
+      answer.replaceChildren(marked);
+    } else {
+      marked.className = "model-answer muted";
+      marked.prepend("the model answered: ");
+      answer.replaceChildren(done.answer, marked);
+    }
+    const verdict = $("verdict");
+    verdict.dataset.grounded = String(done.grounded);
+    verdict.textContent =
+      done.grounded == null
+        ? "grounded: nothing to check"
+        : `grounded: ${done.grounded ? "yes" : "no"} (${(100 * done.grounded_score).toFixed(0)}% of what the answer says is in its quotes)`;
   }
 
   function renderStats(values) {
@@ -276,6 +309,11 @@
       const parts = [citation.source];
       if (citation.score != null) parts.push(`score ${citation.score.toFixed(2)}`);
       if (citation.kept_share != null) parts.push(`kept ${(100 * citation.kept_share).toFixed(0)}%`);
+      if (citation.supported === false) {
+        li.classList.add("unsupported");
+        const missing = (citation.unsupported || []).map((span) => span.text);
+        parts.push(missing.length ? `unsupported: not in its quotes: ${missing.join(", ")}` : "unsupported");
+      }
       info.textContent = ` ${parts.join(", ")}`;
       li.append(info);
       const quotes = document.createElement("ul");
