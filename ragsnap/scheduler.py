@@ -313,9 +313,7 @@ class Scheduler:
                 if not self._waiting and not self._parked:
                     self._no_prefill.set()
 
-    def _admissible(
-        self, request: Request
-    ) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
+    def _admissible(self, request: Request) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
         """``request``'s lookup (an earlier one is kept) when it may start now; None when it
         closed, failed, or must wait for KV memory (its lookup then stays in ``_deferred``)."""
         found = self._deferred.pop(id(request), None)
@@ -512,6 +510,9 @@ class Scheduler:
                     self._prefill(request, found, first=False)
                 finally:
                     self.prefilling = outer
+                if self._running:  # its first token now, not after the long prompt's next chunk
+                    with torch_threads(self.decode_threads):
+                        self._decode_step()
             else:  # too long to go first: it keeps its place, and its lookup
                 self._deferred[id(request)] = found
                 kept.append(request)

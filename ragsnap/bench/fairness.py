@@ -3,9 +3,9 @@
 For each ``--long-tokens`` value, an in-process server (``--model``, no KV cache, so every
 prompt is a cold prefill) gets one long streaming request; ``--delay`` seconds later a
 small one (``--short-tokens``) arrives. Reported per run: the small request's time to
-first token as its client sees it (an upper bound on its wait in the queue: it includes
-its own prefill), the long request's, and the small one alone on the same server first
-(its cost without a queue). Prints JSON; the small request's added wait should not grow
+first token as its client sees it, its wait in the queue (from accepted to started, the
+server's ``ragsnap_queue_wait_seconds``), the long request's first token, and the small
+one alone on the same server first (its cost without a queue). Prints JSON; the small request's added wait should not grow
 with the long prompt's length.
 """
 
@@ -56,9 +56,11 @@ async def _pair(url: str, args: argparse.Namespace, long_tokens: int, seed: int)
             one_request(client, endpoint, _body(long_tokens, seed + 2, args.max_new_tokens), {})
         )
         await asyncio.sleep(args.delay)
+        waited_before = await _queue_wait_sum(client, url)
         short = await one_request(
             client, endpoint, _body(args.short_tokens, seed + 3, args.max_new_tokens), {}
         )
+        waited = await _queue_wait_sum(client, url) - waited_before
         long = await long_task
     return {
         "long_tokens": long_tokens,
@@ -67,9 +69,19 @@ async def _pair(url: str, args: argparse.Namespace, long_tokens: int, seed: int)
         "short_added_wait_s": _round(
             short.ttft_s - alone.ttft_s if short.ttft_s and alone.ttft_s else None
         ),
+        "short_queue_wait_s": _round(waited),  # from /metrics: accepted -> started
         "long_ttft_s": _round(long.ttft_s),
         "statuses": [alone.status, long.status, short.status],
     }
+
+
+async def _queue_wait_sum(client: Any, url: str) -> float:
+    """The server's total queue wait so far (``ragsnap_queue_wait_seconds_sum``)."""
+    text = (await client.get(f"{url}/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("ragsnap_queue_wait_seconds_sum "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def _round(value: float | None) -> float | None:
