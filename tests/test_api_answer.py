@@ -66,7 +66,19 @@ def test_stream_events_in_order_then_same_answer_as_json(base_url):
     response = httpx.post(f"{base_url}/v1/answer", json=request_body(), timeout=120)
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
     payload = response.json()
-    assert set(payload) == {"answer", "answer_with_markers", "citations", "meta", "stats"}
+    assert set(payload) == {
+        "answer",
+        "answer_with_markers",
+        "citations",
+        "meta",
+        "stats",
+        # the verdict of the claim-level check (issue 43)
+        "grounded",
+        "grounded_score",
+        "unsupported_sentences",
+        "model_answer",
+    }
+    assert payload["grounded"] == done["grounded"] and payload["model_answer"] is None
     assert payload["answer_with_markers"] is None  # inline markers are off by default
     for citation in payload["citations"]:  # attribution: every citation has its quotes
         doc = next(d for d in request_body()["documents"] if d["id"] == citation["doc_id"])

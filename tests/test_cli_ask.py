@@ -77,7 +77,7 @@ def test_ask_json_from_the_console_script(docs) -> None:
     )
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
-    assert set(payload) >= {"answer", "citations", "stats"}
+    assert set(payload) >= {"answer", "citations", "stats", "grounded", "grounded_score"}
     assert payload["answer"].strip()
     for citation in payload["citations"]:
         assert set(citation) == {
@@ -90,6 +90,8 @@ def test_ask_json_from_the_console_script(docs) -> None:
             "supported",
             "sentences",
             "quotes",
+            "spans",
+            "unsupported",
         }
         assert citation["doc_id"] in {"tides", "bees"}
     stats = payload["stats"]
