@@ -40,9 +40,9 @@ DOCS = [
 ]
 
 
-def _cite(answer: str, question: str, weights: AttributionWeights | None = None):
+def _cite(answer: str, question: str, weights: AttributionWeights | None = None, docs=DOCS):
     tokenizer = tiny_tokenizer()
-    layout = assemble_prompt(tokenizer, question, DOCS, max_prompt_tokens=2000)
+    layout = assemble_prompt(tokenizer, question, docs, max_prompt_tokens=2000)
     doc_sentences = document_sentences(tokenizer, layout.documents, layout.doc_spans)
     evidence = gather_evidence(answer, question, layout.documents, doc_sentences)
     citations = attribute(
@@ -91,6 +91,25 @@ def test_a_right_answer_paraphrasing_its_quote_is_supported():
     harbor = next(c for c in citations if c.doc_id == "harbor")
     assert harbor.supported is True, harbor.unsupported
     assert verdict.grounded is True and verdict.score == 1.0
+
+
+def test_a_sentence_that_combines_two_documents_cites_both_and_is_supported():
+    transistor = Document(
+        id="transistor",
+        title="Transistor",
+        text="The first transistor was demonstrated by John Bardeen and Walter Brattain.",
+    )
+    answer = "John Bardeen demonstrated it at Bell Labs, founded in 1925."
+    question = "Where was the first transistor demonstrated, and when was that place founded?"
+    citations, verdict = _cite(answer, question, docs=[*DOCS, transistor])
+    by_id = {c.doc_id: c for c in citations}
+    assert {"bell", "transistor"} <= set(by_id)
+    assert by_id["bell"].supported is True and by_id["transistor"].supported is True
+    assert verdict.grounded is True and verdict.score == 1.0
+    # a wrong year stays unsupported whatever the second document holds
+    wrong, verdict = _cite(answer.replace("1925", "1931"), question, docs=[*DOCS, transistor])
+    assert verdict.grounded is False
+    assert "1931" in {u.text for c in wrong for u in c.unsupported}
 
 
 def test_a_word_the_quote_does_not_hold_is_reported_with_its_span():

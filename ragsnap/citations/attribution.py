@@ -31,7 +31,7 @@ from ragsnap.citations.model import Citation, Quote
 from ragsnap.citations.overlap import SentenceIndex, question_relevance, titles_named
 from ragsnap.citations.quotes import DocumentSentence, span_keep_share
 from ragsnap.citations.sentences import Sentence, content_words, split_sentences
-from ragsnap.citations.support import SupportRule, check_citations
+from ragsnap.citations.support import SupportRule, check_citations, check_sentence
 from ragsnap.documents import Document
 from ragsnap.errors import ConfigError
 
@@ -320,6 +320,7 @@ def attribute(
     for number in marker_numbers_in(answer):  # markers outside any kept sentence
         if 1 <= number <= len(documents):
             marked.setdefault(number - 1, [])
+    chosen = second_hop(evidence, chosen, marked, scores, doc_sentences, documents, rule)
     order: list[int] = []
     support: dict[int, list[int]] = {}
     for s, picks in enumerate(chosen):
@@ -359,6 +360,40 @@ def attribute(
     return check_citations(
         evidence.sentences, citations, used, quoted, documents, evidence.question_text, rule
     )
+
+
+def second_hop(
+    evidence: Evidence,
+    chosen: list[list[tuple[int, float]]],
+    marked: dict[int, list[int]],
+    scores: Sequence[Sequence[float]],
+    doc_sentences: Sequence[Sequence[DocumentSentence]],
+    documents: Sequence[Document],
+    rule: SupportRule | None = None,
+    tries: int = 3,
+) -> list[list[tuple[int, float]]]:
+    """``chosen`` with, for each sentence its documents' quotes do not back, the first of
+    its ``tries`` best-scoring other documents whose quote makes it backed: a sentence may
+    combine two documents (multi-hop answers), and the evidence picks one (issue 43)."""
+    out = [list(picks) for picks in chosen]
+    question = evidence.question_text
+    for s, sentence in enumerate(evidence.sentences):
+        docs = [d for d, _ in out[s]] + [d for d, sents in marked.items() if s in sents]
+
+        def backed(ds: Sequence[int], s: int = s, sentence: Sentence = sentence) -> bool:
+            quotes = [_quote_text(evidence, doc_sentences, documents, s, d) for d in ds]
+            quotes += [documents[d].title for d in ds if documents[d].title]
+            texts = [documents[d].text for d in ds]
+            return check_sentence(sentence, quotes, texts, question, rule).supported
+
+        if backed(docs):
+            continue
+        others = [d for d in range(len(documents)) if d not in docs and evidence.quote[s][d] >= 0]
+        for d in sorted(others, key=lambda d: -scores[s][d])[:tries]:
+            if backed([*docs, d]):
+                out[s].append((d, scores[s][d]))
+                break
+    return out
 
 
 def _quote_text(

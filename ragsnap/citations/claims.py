@@ -28,7 +28,8 @@ _LIGHT = frozenset(
     contained consist consists refer refers referred means mean meant also however
     therefore thus approximately about around roughly nearly almost just well many
     much several various based term because since while although though due despite
-    within without via yet still even""".split()
+    within without via yet still even type kind form part component product example
+    member sort variety""".split()
 )
 _NUMBER_WORDS = {
     w: str(i)

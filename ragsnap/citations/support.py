@@ -5,16 +5,17 @@ The rule, per answer sentence (its claims from :mod:`ragsnap.citations.claims`),
 the quoted sentences of the documents cited for it (and their titles):
 
 - every number and date, and every named entity, must be found in the quotes;
-- of its other content words that the question does not use (what the sentence adds),
-  at least ``min_word_share`` must be found (plain words the question uses restate it);
-- a number or entity the question itself names (the thing asked about) may be found
-  anywhere in a cited document instead: it names the topic, the answer does not assert it.
+- of its other content words, at least ``min_word_share`` must be found;
+- what the question itself says (names, words: the thing asked about) the answer does not
+  assert, so it need not be found; a number the question gives must be in a cited
+  document, anywhere in it.
 
 A sentence no document is cited for is unsupported. A citation is ``supported`` when
 every sentence it is cited for is, and its own quotes back at least one of their
 claims; ``unsupported`` lists the claims (character spans into the answer) no quote
-backs in the sentences that are not supported. The answer's ``grounded_score`` is the share of its claims in supported sentences;
-it is ``grounded`` when that share reaches ``grounded_share``
+backs in the sentences that are not supported. The answer's ``grounded_score`` is the
+share of its claims in supported sentences; it is ``grounded`` when that share reaches
+``grounded_share``
 (:func:`ragsnap.citations.verdict.grounding`).
 """
 
@@ -66,8 +67,8 @@ def check_sentence(
     rule: SupportRule | None = None,
 ) -> SentenceSupport:
     """Check ``sentence`` (offsets into the answer) against ``quotes`` (the quoted
-    sentences and titles); ``context`` are the cited documents' whole texts, where a claim
-    the ``question`` makes may be found instead."""
+    sentences and titles); ``context`` are the cited documents' whole texts, where a
+    number the ``question`` gives may be found instead."""
     rule = rule or SupportRule()
     said = tuple(claims(sentence.text, sentence.start))
     quoted = set().union(*(claim_keys(q) for q in quotes)) if quotes else set()
@@ -78,13 +79,13 @@ def check_sentence(
         if claim.key in quoted:
             continue
         if claim.key in asked:
+            if claim.kind != "number":  # the question's own names and words restate it
+                continue
             if around is None:
                 around = set().union(*(claim_keys(c) for c in context)) if context else set()
             if claim.key in around:
                 continue
         missing.append(claim)
-    # the plain words the question used restate it: never decisive, never reported
-    missing = [c for c in missing if c.kind != "word" or c.key not in asked]
     hard = [c for c in missing if c.kind != "word"]
     words = [c for c in said if c.kind == "word" and c.key not in asked]
     lost = sum(c.kind == "word" for c in missing)
