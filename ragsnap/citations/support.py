@@ -6,9 +6,9 @@ the quoted sentences of the documents cited for it (and their titles):
 
 - every number and date, and every named entity, must be found in the quotes;
 - of its other content words, at least ``min_word_share`` must be found;
-- what the question itself says (names, words: the thing asked about) the answer does not
-  assert, so it need not be found; a number the question gives must be in a cited
-  document, anywhere in it.
+- the plain words the question itself uses restate it and need not be found; a number
+  or entity the question names (the thing asked about) may be anywhere in a cited
+  document instead of its quote.
 
 A sentence no document is cited for is unsupported. A citation is ``supported`` when
 every sentence it is cited for is, and its own quotes back at least one of their
@@ -68,7 +68,7 @@ def check_sentence(
 ) -> SentenceSupport:
     """Check ``sentence`` (offsets into the answer) against ``quotes`` (the quoted
     sentences and titles); ``context`` are the cited documents' whole texts, where a
-    number the ``question`` gives may be found instead."""
+    number or entity the ``question`` names may be found instead."""
     rule = rule or SupportRule()
     said = tuple(claims(sentence.text, sentence.start))
     quoted = set().union(*(claim_keys(q) for q in quotes)) if quotes else set()
@@ -79,7 +79,7 @@ def check_sentence(
         if claim.key in quoted:
             continue
         if claim.key in asked:
-            if claim.kind != "number":  # the question's own names and words restate it
+            if claim.kind == "word":  # the question's own words restate it
                 continue
             if around is None:
                 around = set().union(*(claim_keys(c) for c in context)) if context else set()
