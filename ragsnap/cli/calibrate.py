@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from ragsnap.cli.options import add_model_options
 from ragsnap.cli.progress import loading_model
@@ -21,12 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "existing --out for the same model and budget is extended, skipping its items. "
         "Calibrate on items you do not evaluate on (--skip).",
     )
-    parser.add_argument("--data", type=Path, required=True, help="data file or folder")
-    parser.add_argument("--format", choices=("bioasq", "jsonl", "hotpotqa"))
-    parser.add_argument("--types", help="keep only these item types, e.g. factoid")
-    parser.add_argument("--context-tokens", type=int, help="BioASQ: pad to about N tokens")
-    parser.add_argument("--skip", type=int, default=0, help="leave out the first N items")
-    parser.add_argument("--limit", type=int, default=10, help="calibrate on N items (default 10)")
+    add_held_out_arguments(parser, limit=10)
     parser.add_argument("--budget", type=int, default=128, help="tokens kept per KV head")
     parser.add_argument("--max-new-tokens", type=int, default=24, help="answer length")
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write or extend")
@@ -34,11 +30,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from ragsnap.compression.layer_budgets import LayerProfile
+def add_held_out_arguments(parser: argparse.ArgumentParser, limit: int) -> None:
+    """The options that choose calibration items (shared by the calibrate commands)."""
+    parser.add_argument("--data", type=Path, required=True, help="data file or folder")
+    parser.add_argument("--format", choices=("bioasq", "jsonl", "hotpotqa"))
+    parser.add_argument("--types", help="keep only these item types, e.g. factoid")
+    parser.add_argument("--context-tokens", type=int, help="BioASQ: pad to about N tokens")
+    parser.add_argument("--skip", type=int, default=0, help="leave out the first N items")
+    parser.add_argument(
+        "--limit", type=int, default=limit, help=f"calibrate on N items (default {limit})"
+    )
+
+
+def load_held_out(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
+    """``(engine, items, request)``: the model and the ``--skip``/``--limit`` items."""
     from ragsnap.engine import RagSnapEngine
     from ragsnap.errors import ConfigError
-    from ragsnap.eval.calibrate import calibrate_layers
     from ragsnap.eval.evaluate import EvalRequest, load_request_items
 
     if args.skip < 0 or args.limit < 1:
@@ -54,12 +61,20 @@ def run(args: argparse.Namespace) -> int:
         types=[t.strip() for t in args.types.split(",")] if args.types else None,
     )
     request.validate()
-    previous = LayerProfile.load(args.out) if args.out.exists() else None
     with loading_model(args.model, args.device):
         engine = RagSnapEngine.load(
             args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
         )
     items = load_request_items(engine, request).items[args.skip : args.skip + args.limit]
+    return engine, items, request
+
+
+def run(args: argparse.Namespace) -> int:
+    from ragsnap.compression.layer_budgets import LayerProfile
+    from ragsnap.eval.calibrate import calibrate_layers
+
+    previous = LayerProfile.load(args.out) if args.out.exists() else None
+    engine, items, request = load_held_out(args)
     profile = calibrate_layers(
         engine,
         items,

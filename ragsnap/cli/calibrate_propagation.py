@@ -7,8 +7,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from ragsnap.cli.calibrate import add_held_out_arguments, load_held_out
 from ragsnap.cli.options import add_model_options
-from ragsnap.cli.progress import loading_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,12 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(ragsnap/compression/profiles/propagation/<model>.json is what 'auto' reads). "
         "Calibrate on items you do not evaluate on (--skip).",
     )
-    parser.add_argument("--data", type=Path, required=True, help="data file or folder")
-    parser.add_argument("--format", choices=("bioasq", "jsonl", "hotpotqa"))
-    parser.add_argument("--types", help="keep only these item types, e.g. factoid")
-    parser.add_argument("--context-tokens", type=int, help="BioASQ: pad to about N tokens")
-    parser.add_argument("--skip", type=int, default=0, help="leave out the first N items")
-    parser.add_argument("--limit", type=int, default=8, help="calibrate on N items (default 8)")
+    add_held_out_arguments(parser, limit=8)
     parser.add_argument("--press", default="ragsnap-lookahead", help="the press to propagate")
     parser.add_argument("--budget", type=int, default=256, help="tokens kept per KV head")
     parser.add_argument("--layers", default="6,8,10,12", help="comma-separated s to try")
@@ -41,35 +36,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ragsnap.compression import make_press
     from ragsnap.compression.propagate import without_propagation
-    from ragsnap.engine import RagSnapEngine
     from ragsnap.errors import ConfigError
-    from ragsnap.eval.evaluate import EvalRequest, load_request_items
     from ragsnap.eval.propagation_calibrate import calibrate_propagation
 
-    if args.skip < 0 or args.limit < 1:
-        raise ConfigError("--skip must be >= 0 and --limit >= 1", field="limit")
     try:
         layers = [int(x) for x in args.layers.split(",") if x.strip()]
         shares = [float(x) for x in args.shares.split(",") if x.strip()]
     except ValueError:
         raise ConfigError("--layers takes integers, --shares numbers", field="layers") from None
-    request = EvalRequest(
-        out=args.out.parent,
-        data=args.data,
-        format=args.format,
-        presses=["snapkv"],
-        budgets=[args.budget],
-        max_new_tokens=args.max_new_tokens,
-        context_tokens=args.context_tokens,
-        types=[t.strip() for t in args.types.split(",")] if args.types else None,
-    )
-    request.validate()
     base = without_propagation(make_press(args.press, budget=args.budget))
-    with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(
-            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
-        )
-    items = load_request_items(engine, request).items[args.skip : args.skip + args.limit]
+    engine, items, request = load_held_out(args)
     result = calibrate_propagation(
         engine,
         items,
