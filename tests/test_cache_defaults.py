@@ -111,3 +111,15 @@ def test_eviction_never_deletes_a_foreign_file(tmp_path):
         store.put(_key(), b"y" * 1000)
     assert foreign.read_bytes() == b"z" * 5000
     assert store.stats()["entries"] <= 2
+
+
+def test_a_damaged_key_file_is_one_clear_error(tmp_path):
+    open_store(f"file://{tmp_path}")
+    (tmp_path / KEY_FILE).write_text("not hex\n")
+    with pytest.raises(ConfigError, match="does not hold a hex key"):
+        open_store(f"file://{tmp_path}")
+
+
+def test_the_unsealed_option_leaves_the_others_intact(tmp_path):
+    store = open_store(f"file://{tmp_path}?max_bytes=2MB&unsealed=1", key="")
+    assert isinstance(store, FileKVStore) and store.max_bytes == 2 * 2**20

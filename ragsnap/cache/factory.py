@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from ragsnap.cache.store import CACHE_KEY_ENV, CACHE_URL_ENV, KVStore, NullKVStore, parse_size
 from ragsnap.errors import ConfigError
@@ -53,7 +53,7 @@ def _unsealed(url: str) -> tuple[str, bool]:
     value = options.pop(UNSEALED_OPTION).strip().lower()
     if value not in _TRUE | _FALSE:
         raise ConfigError(f"bad cache URL option: unsealed={value!r} (use 1 or 0)", field="cache")
-    rest = "&".join(f"{k}={v}" for k, v in options.items())
+    rest = urlencode(options)
     return (f"{base}?{rest}" if rest else base), value in _TRUE
 
 

@@ -5,8 +5,8 @@ the payload and the payload. A cached KV is as sensitive as its documents, so th
 the store creates are 0700 and its files 0600 whatever the umask; a folder that already
 exists keeps its mode (a warning when others may read it). The store only ever deletes
 what it wrote: a file is an entry when its name is ``<kind>-<64 hex>.kv`` and it starts
-with the magic line; anything else in the folders is left alone. Writes go to a temporary file and are renamed into place, so
-a reader sees a whole entry or none; reading touches the file's mtime, and the oldest
+with the magic line; anything else in the folders is left alone. Writes go to a temporary
+file and are renamed into place, so a reader sees a whole entry or none; reading touches the file's mtime, and the oldest
 files go first when the directory grows past ``max_bytes``. Eviction and per-entry
 computation hold :mod:`filelock` locks, so two processes can share one directory. A full
 disk (ENOSPC) evicts the oldest entries to make room and tries once more; if that fails
@@ -134,7 +134,10 @@ class FileKVStore(KVStore):
                 if text:
                     if stat.S_IMODE(path.stat().st_mode) & 0o077:
                         logger.warning("file cache: %s is readable by others", path)
-                    return bytes.fromhex(text)
+                    try:
+                        return bytes.fromhex(text)
+                    except ValueError:
+                        raise OSError(f"{path} does not hold a hex key") from None
                 time.sleep(0.01)
             raise OSError(f"the cache key file {path} is empty") from None
         key = secrets.token_bytes(32)
