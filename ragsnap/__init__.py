@@ -18,24 +18,24 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from ragsnap.citations import Citation
     from ragsnap.compression import make_press
-    from ragsnap.documents import Document, load_documents
-    from ragsnap.engine import AnswerOptions, RagSnapEngine
+    from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+    from ragsnap.engine.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
     from ragsnap.errors import RagSnapError
-    from ragsnap.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
-    from ragsnap.generation import GenerationConfig
+    from ragsnap.prompt.documents import Document, load_documents
+    from ragsnap.runtime.generation import GenerationConfig
 
 _EXPORTS = {
-    "AnswerOptions": "ragsnap.engine",
+    "AnswerOptions": "ragsnap.engine.engine",
     "Citation": "ragsnap.citations",
-    "CitationsEvent": "ragsnap.events",
-    "Document": "ragsnap.documents",
-    "DoneEvent": "ragsnap.events",
-    "GenerationConfig": "ragsnap.generation",
-    "MetaEvent": "ragsnap.events",
-    "RagSnapEngine": "ragsnap.engine",
+    "CitationsEvent": "ragsnap.engine.events",
+    "Document": "ragsnap.prompt.documents",
+    "DoneEvent": "ragsnap.engine.events",
+    "GenerationConfig": "ragsnap.runtime.generation",
+    "MetaEvent": "ragsnap.engine.events",
+    "RagSnapEngine": "ragsnap.engine.engine",
     "RagSnapError": "ragsnap.errors",
-    "TokenEvent": "ragsnap.events",
-    "load_documents": "ragsnap.documents",
+    "TokenEvent": "ragsnap.engine.events",
+    "load_documents": "ragsnap.prompt.documents",
     "make_press": "ragsnap.compression",
 }
 

@@ -15,11 +15,11 @@ from pathlib import Path
 from statistics import fmean, median
 
 from ragsnap.compression import make_press
-from ragsnap.engine import RagSnapEngine
+from ragsnap.engine.engine import RagSnapEngine
+from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.eval.runner import GridPoint, run_items
 from ragsnap.eval.store import PredictionStore
 from ragsnap.eval.structured import build_structured
-from ragsnap.generation import GenerationConfig
 
 SETTINGS = {
     "ragsnap": {},

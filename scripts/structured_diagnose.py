@@ -21,10 +21,10 @@ import torch
 from ragsnap.compression import Press, compression_hooks, make_press
 from ragsnap.compression.base import CompressedLayer, LayerContext, keep_all
 from ragsnap.compression.snapkv import SnapKVPress
-from ragsnap.engine import RagSnapEngine
+from ragsnap.engine.engine import RagSnapEngine
+from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.eval.structured import build_structured
-from ragsnap.generation import GenerationConfig
-from ragsnap.prompt import format_document
+from ragsnap.prompt.assembly import format_document
 
 KEY = re.compile(r"[a-z]+-[a-z]+-\d\d")
 

@@ -24,19 +24,43 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def engine():
     """The real engine on the embedded SmolLM2-135M-Instruct model (CPU)."""
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.runtime.threads import available_cores
 
-    return RagSnapEngine.load("embedded", device="cpu", dtype="float32")
+    # no store (tests that cache build their own engine on its model); every core, as
+    # before the engine configured threads itself
+    return RagSnapEngine.load(
+        "embedded",
+        device="cpu",
+        dtype="float32",
+        cache_url="none",
+        threads=available_cores(),
+        speculate=0,  # plain decoding: drafting is tested where a test turns it on
+        speculate_ngrams=False,
+        commit_lookahead=False,
+    )
 
 
 @pytest.fixture
 def tiny(monkeypatch):
-    """A tiny random Llama engine that ``RagSnapEngine.load`` returns (CLI tests)."""
-    from ragsnap.engine import RagSnapEngine
+    """A tiny random Llama engine that ``RagSnapEngine.load`` and ``from_config`` return
+    (CLI tests), with the configuration they were given."""
+    from ragsnap.engine.config import EngineConfig, configured
+    from ragsnap.engine.engine import RagSnapEngine
     from tests.tiny_models import tiny_engine
 
     engine = tiny_engine("llama", "sdpa")
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+
+    def from_config(cls, config, **_options):
+        engine.config = config
+        return engine
+
+    def load(cls, model="embedded", **given):
+        given = {k: v for k, v in given.items() if v is not None and k in EngineConfig.model_fields}
+        return from_config(cls, configured(EngineConfig, model=model or "embedded", **given))
+
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(from_config))
+    monkeypatch.setattr(RagSnapEngine, "load", classmethod(load))
     return engine
 
 

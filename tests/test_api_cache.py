@@ -17,11 +17,11 @@ def base_url(engine, tmp_path_factory):
     from ragsnap.api.app import create_app
     from ragsnap.api.settings import Settings
     from ragsnap.cache import open_store
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
 
     store = open_store(f"file://{tmp_path_factory.mktemp('kv')}")
     # the same loaded model, with a store and no loaded entries (hits read the store)
-    cached = RagSnapEngine(engine.loaded, store=store, hit_memory_bytes=0)
+    cached = RagSnapEngine(engine.loaded, store=store, hit_memory_mb=0)
     with running_server(create_app(Settings(api_keys=",".join(KEYS)), engine=cached)) as url:
         yield url
 

@@ -259,7 +259,7 @@ def test_a_stalled_body_is_cut_with_408(engine):
 
 def test_readyz_asks_redis_and_names_no_server_path(engine, redis_factory, tmp_path):
     from ragsnap.cache import open_store
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
 
     server = redis_factory()
     eng = RagSnapEngine(engine.loaded, store=open_store(server.url, key="k"))
@@ -281,14 +281,14 @@ def test_readyz_asks_redis_and_names_no_server_path(engine, redis_factory, tmp_p
 
 def test_a_damaged_entry_is_counted_in_metrics(engine, tmp_path):
     from ragsnap.cache import open_store
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
 
     # no prefix tier and no loaded copy of the entry: the repeat reads the damaged file
     eng = RagSnapEngine(
         engine.loaded,
         store=open_store(f"file://{tmp_path}"),
         prefix_cache=False,
-        hit_memory_bytes=0,
+        hit_memory_mb=0,
     )
     ns_docs = [{"id": uuid.uuid4().hex, "text": "The Moon pulls the oceans."}]
     with LocalClient(_app(eng)) as served:

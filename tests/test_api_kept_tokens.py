@@ -16,7 +16,7 @@ def base_url(engine, tmp_path_factory):
     from ragsnap.api.app import create_app
     from ragsnap.api.settings import Settings
     from ragsnap.cache import open_store
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
 
     corpus = tmp_path_factory.mktemp("corpus")
     (corpus / "moon.md").write_text("The Moon pulls on the oceans, which raises the tides.")

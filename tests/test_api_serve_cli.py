@@ -83,7 +83,7 @@ def test_a_server_with_a_prefix_tier_reserves_its_batch_memory_at_start(tmp_path
     from ragsnap.api.settings import Settings
     from ragsnap.cache import open_store
     from ragsnap.cli.serve import settings_from_args
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
     from tests.local_client import LocalClient
     from tests.tiny_models import tiny_engine
 

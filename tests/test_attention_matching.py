@@ -171,7 +171,9 @@ def test_zero_bias_decodes_exactly_like_plain_sdpa() -> None:
     result = engine.runtime.prefill(prompt, make_press("snapkv", budget=24, window=8))
     result.bias = {i: torch.zeros(1, 2, 24) for i in range(4)}
     [biased] = engine.runtime.teacher_force([result], [5])  # the runtime's masked sdpa
-    plain = forward_chunk(engine.model, engine.loaded.cache_kwarg, [5], result.cache, len(prompt))
+    plain = forward_chunk(
+        engine.loaded.model, engine.loaded.cache_kwarg, [5], result.cache, len(prompt)
+    )
     assert torch.allclose(plain.log_softmax(-1), biased, atol=1e-5)
 
 

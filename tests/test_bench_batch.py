@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ragsnap.cli import main
-from ragsnap.engine import RagSnapEngine
+from ragsnap.engine.engine import RagSnapEngine
 from tests.tiny_models import tiny_engine
 
 
@@ -50,7 +50,7 @@ def test_bench_batch_refuses_bad_concurrency(tiny, capsys) -> None:
 
 
 def test_bench_load_compares_the_serial_and_the_batched_worker(tiny, capsys) -> None:
-    tiny.stop_ids.clear()  # random weights: every answer runs to its length
+    tiny.runtime.stop_ids.clear()  # random weights: every answer runs to its length
     args = ["bench", "load", "--compare-max-batch", "1,3", "--clients", "3", "--requests", "1"]
     args += ["--context", "120", "--max-new-tokens", "5", "--repeat", "0", "--warm"]
     assert main(args) == 0
@@ -66,7 +66,7 @@ def test_bench_load_compares_the_serial_and_the_batched_worker(tiny, capsys) -> 
 def test_bench_batch_compares_packed_and_dense_linears(dtype, monkeypatch, capsys) -> None:
     import torch
 
-    from ragsnap.cpu_linears import (
+    from ragsnap.runtime.loading.cpu_linears import (
         HalfWeightLinear,
         PackedLinear,
         can_pack,
@@ -80,8 +80,8 @@ def test_bench_batch_compares_packed_and_dense_linears(dtype, monkeypatch, capsy
     engine.runtime.model.to(getattr(torch, dtype))
     linears = pack_linears(engine.runtime.model)
     Packed = PackedLinear if dtype == "bfloat16" else HalfWeightLinear
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
-    import ragsnap.bench.batch as batch
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: engine))
+    import ragsnap.cli.bench.batch as batch
 
     layouts, real = [], batch.timed_batch
 
@@ -114,8 +114,8 @@ def test_bench_batch_compare_pass_alternates_lean_and_tree(monkeypatch, capsys) 
     engine = tiny_engine("qwen2")
     lean = engine.runtime.lean
     assert lean is not None
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
-    import ragsnap.bench.batch as batch
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: engine))
+    import ragsnap.cli.bench.batch as batch
 
     paths, real = [], batch.timed_batch
 
@@ -135,7 +135,7 @@ def test_bench_batch_compare_pass_alternates_lean_and_tree(monkeypatch, capsys) 
 
 def test_bench_batch_compare_pass_needs_a_llama_family_model(monkeypatch, capsys) -> None:
     engine = tiny_engine("gemma3")
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: engine))
     args = ["bench", "batch", "--concurrency", "1", "--context", "120", "--budget", "48"]
     assert main([*args, "--decode-tokens", "2", "--repeats", "1", "--compare-pass"]) == 2
     assert "--compare-pass" in capsys.readouterr().err

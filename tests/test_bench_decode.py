@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ragsnap.bench.decode import parse_contexts, prompt_of_length
 from ragsnap.cli import main
-from ragsnap.engine import RagSnapEngine
+from ragsnap.cli.bench.decode import parse_contexts, prompt_of_length
+from ragsnap.engine.engine import RagSnapEngine
 from ragsnap.errors import ConfigError
 from tests.tiny_models import HEAD_DIM, KV_HEADS
 
@@ -93,7 +93,9 @@ def test_bad_contexts(text: str) -> None:
 
 
 def test_bench_bad_press_is_one_line(capsys, monkeypatch) -> None:
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda *a, **k: pytest.fail("loaded")))
+    monkeypatch.setattr(
+        RagSnapEngine, "from_config", classmethod(lambda *a, **k: pytest.fail("loaded"))
+    )
     assert main(["bench", "decode", "--context", "4096", "--press", "magic"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ragsnap: error: unknown press")

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from ragsnap.bench import overhead
+from ragsnap.cli.bench import overhead
 
 
 def test_paired_gaps_cancel_a_slow_moment_that_both_paths_see(monkeypatch):

@@ -12,13 +12,13 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from ragsnap.bench.peer_clients import Outcome
-from ragsnap.bench.peer_stats import agreement, ratios, summarize_run, token_f1
-from ragsnap.bench.peer_workload import build_workload
 from ragsnap.cli import main
-from ragsnap.documents import Document
+from ragsnap.cli.bench.peer_clients import Outcome
+from ragsnap.cli.bench.peer_stats import agreement, ratios, summarize_run, token_f1
+from ragsnap.cli.bench.peer_workload import build_workload
 from ragsnap.eval.items import EvalItem
-from ragsnap.prompt import assemble_prompt
+from ragsnap.prompt.assembly import assemble_prompt
+from ragsnap.prompt.documents import Document
 
 PEER_ANSWER = ["Paris", " is", " the", " capital", "."]
 
@@ -158,7 +158,7 @@ def test_peer_run_against_ragsnap_and_a_stub_peer(tiny, tmp_path: Path, capsys) 
     from ragsnap.api.local_server import running_server
     from ragsnap.api.settings import Settings
     from ragsnap.cache import open_store
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
 
     data = tmp_path / "hotpot.json"
     data.write_text(json.dumps(hotpot_records(6)))
@@ -200,8 +200,8 @@ def test_peer_run_against_ragsnap_and_a_stub_peer(tiny, tmp_path: Path, capsys) 
 def test_export_gives_vllm_a_plain_llama_folder(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from ragsnap import converted_weights
-    from ragsnap.bench.peer_servers import export_hf_folder
+    from ragsnap.cli.bench.peer_servers import export_hf_folder
+    from ragsnap.runtime.loading import converted_weights
     from tests.tiny_models import tiny_model, tiny_tokenizer
 
     model = tiny_model("llama", tie_word_embeddings=True)
@@ -226,7 +226,7 @@ def test_export_gives_vllm_a_plain_llama_folder(tmp_path: Path) -> None:
 def test_subprocess_server_waits_for_health_and_stops_its_group(tmp_path: Path) -> None:
     import sys
 
-    from ragsnap.bench.peer_servers import free_port, subprocess_server
+    from ragsnap.cli.bench.peer_servers import free_port, subprocess_server
     from ragsnap.errors import ConfigError
 
     port = free_port()
@@ -243,7 +243,7 @@ def test_subprocess_server_waits_for_health_and_stops_its_group(tmp_path: Path) 
 
 
 def test_new_questions_ask_about_a_gold_document_by_its_title_or_first_words() -> None:
-    from ragsnap.bench.peer_workload import topic
+    from ragsnap.cli.bench.peer_workload import topic
 
     docs = [
         Document(id="1", title="Distractor", text="Nothing."),
@@ -262,15 +262,15 @@ def test_new_questions_ask_about_a_gold_document_by_its_title_or_first_words() -
 
 
 def test_vllm_is_started_in_the_dtype_it_is_given() -> None:
-    from ragsnap.bench.peer_servers import vllm_argv
+    from ragsnap.cli.bench.peer_servers import vllm_argv
 
     argv = vllm_argv("python", "model", 8001, 8, "float32", ["--enforce-eager"])
     assert argv[argv.index("--dtype") + 1] == "float32" and argv[-1] == "--enforce-eager"
 
 
 def test_ragsnap_serve_gets_the_prefill_threads_it_is_given(tmp_path: Path) -> None:
-    from ragsnap.bench.peer_servers import ragsnap_argv
     from ragsnap.cli import build_parser
+    from ragsnap.cli.bench.peer_servers import ragsnap_argv
     from ragsnap.cli.serve import settings_from_args
 
     def settings(prefill_threads):
@@ -285,14 +285,14 @@ def test_ragsnap_serve_gets_the_prefill_threads_it_is_given(tmp_path: Path) -> N
 def test_vllm_computes_on_every_core_unless_told() -> None:
     import os
 
-    from ragsnap.bench.peer import vllm_binding
+    from ragsnap.cli.bench.peer import vllm_binding
 
     assert vllm_binding("all") == ",".join(map(str, sorted(os.sched_getaffinity(0))))
     assert vllm_binding("auto") == "auto" and vllm_binding("0-1") == "0-1"
 
 
 def test_vllm_does_not_inherit_this_benchs_thread_settings(monkeypatch) -> None:
-    from ragsnap.bench.peer_servers import vllm_env
+    from ragsnap.cli.bench.peer_servers import vllm_env
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what `ragsnap --threads 1` sets for itself
     monkeypatch.setenv("MKL_NUM_THREADS", "1")
@@ -305,7 +305,7 @@ def test_each_timed_run_waits_for_ragsnaps_background_writes() -> None:
     from fastapi.responses import PlainTextResponse
 
     from ragsnap.api.local_server import running_server
-    from ragsnap.bench.peer import settle
+    from ragsnap.cli.bench.peer import settle
 
     polls: list[int] = []
     app = FastAPI()
@@ -330,7 +330,7 @@ def test_each_timed_run_waits_until_the_servers_stop_computing() -> None:
     import subprocess
     import sys
 
-    from ragsnap.bench.peer_servers import group_cpu_ticks, wait_quiet
+    from ragsnap.cli.bench.peer_servers import group_cpu_ticks, wait_quiet
 
     busy = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\ntime.sleep(60)"
     process = subprocess.Popen([sys.executable, "-c", busy], start_new_session=True)

@@ -8,18 +8,24 @@ import threading
 import pytest
 import torch
 
-from ragsnap import models
-from ragsnap.bf16_matmuls import bf16_matmuls as bf16_scope
-from ragsnap.bf16_matmuls import (
+from ragsnap.cli import build_parser
+from ragsnap.engine.options import config_from_args
+from ragsnap.errors import ModelLoadError
+from ragsnap.runtime.attention import install_runtime_attention
+from ragsnap.runtime.loading import models
+from ragsnap.runtime.loading.bf16_matmuls import bf16_matmuls as bf16_scope
+from ragsnap.runtime.loading.bf16_matmuls import (
     mark_attention,
     medium_allowed,
     medium_products,
 )
-from ragsnap.cli import build_parser
-from ragsnap.cpu_linears import HalfWeightLinear, can_pack, can_pack_half, pack_linears
-from ragsnap.errors import ModelLoadError
-from ragsnap.models import resolve_matmul_precision
-from ragsnap.runtime.attention import install_runtime_attention
+from ragsnap.runtime.loading.cpu_linears import (
+    HalfWeightLinear,
+    can_pack,
+    can_pack_half,
+    pack_linears,
+)
+from ragsnap.runtime.loading.models import resolve_matmul_precision
 from tests.tiny_models import random_prompt, tiny_model
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -33,7 +39,7 @@ def precision() -> str:
 
 
 def test_medium_is_for_float32_cpu_models_and_auto_follows_the_cpu(monkeypatch):
-    import ragsnap.cpu_linears as cpu_linears
+    import ragsnap.runtime.loading.cpu_linears as cpu_linears
 
     monkeypatch.setattr(cpu_linears, "can_pack", lambda: True)
     monkeypatch.setattr(cpu_linears, "can_pack_half", lambda: True)
@@ -48,7 +54,7 @@ def test_medium_is_for_float32_cpu_models_and_auto_follows_the_cpu(monkeypatch):
 
 
 def test_medium_where_it_cannot_run_and_unknown_values_are_refused(monkeypatch):
-    import ragsnap.cpu_linears as cpu_linears
+    import ragsnap.runtime.loading.cpu_linears as cpu_linears
 
     with pytest.raises(ModelLoadError, match="'low'"):
         resolve_matmul_precision("low", CPU, torch.float32)
@@ -64,7 +70,7 @@ def test_every_model_command_takes_the_precision(monkeypatch):
     for command in (["ask", "-q", "x", "--docs", "a.md"], ["bench", "peer", "--data", "d"]):
         args = build_parser().parse_args([*command, "--matmul-precision", "medium"])
         assert args.matmul_precision == "medium"
-        assert build_parser().parse_args(command).matmul_precision == "highest"
+        assert config_from_args(build_parser().parse_args(command)).matmul_precision == "highest"
     assert (
         build_parser().parse_args(["serve", "--matmul-precision", "medium"]).matmul_precision
         == "medium"
@@ -236,10 +242,10 @@ def test_marked_attention_runs_document_passes_with_bfloat16_products(monkeypatc
 @needs_bf16
 def test_a_whole_prompt_at_medium_is_computed_as_a_prefix_hit_computes_it():
     from ragsnap.compression import make_press
-    from ragsnap.documents import Document
-    from ragsnap.engine import RagSnapEngine
-    from ragsnap.models import LoadedModel
-    from ragsnap.prompt import PromptLayout
+    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.prompt.assembly import PromptLayout
+    from ragsnap.prompt.documents import Document
+    from ragsnap.runtime.loading.models import LoadedModel
     from ragsnap.runtime.prefill import tail_start
     from tests.tiny_models import tiny_tokenizer
 

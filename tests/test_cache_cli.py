@@ -8,20 +8,22 @@ from pathlib import Path
 import pytest
 
 from ragsnap.cli import main
-from ragsnap.engine import RagSnapEngine
+from ragsnap.engine.engine import RagSnapEngine
 
 pytestmark = pytest.mark.model
 
 
 @pytest.fixture
 def reuse_model(engine, monkeypatch):
-    """``RagSnapEngine.load`` builds on the session's loaded model instead of loading again."""
+    """``RagSnapEngine.from_config`` builds on the session's loaded model instead of
+    loading again (the store and the rest of the configuration as the command gives them)."""
+    from ragsnap.cache import open_store
 
-    def load(cls, model="embedded", *, store=None, prefix_cache=True, storage_dtype=None, **kw):
-        tier = {k: kw[k] for k in ("document_cache", "recompute_share") if k in kw}
-        return cls(engine.loaded, store=store, prefix_cache=prefix_cache, **tier)
+    def from_config(cls, config, *, store=None, **_options):
+        store = store or open_store(config.cache_url, key=config.cache_secret)
+        return cls(engine.loaded, store, config)
 
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(load))
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(from_config))
 
 
 def run(capsys, *argv: str) -> dict:

@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from ragsnap.cache import EntryKey, open_store
-from ragsnap.cache.file_store import KEY_FILE, FileKVStore
-from ragsnap.cache.sealed import SealedKVStore
+from ragsnap.cache.backends.file_store import KEY_FILE, FileKVStore
+from ragsnap.cache.backends.sealed import SealedKVStore
 from ragsnap.errors import ConfigError
 
 

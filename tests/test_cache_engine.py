@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import load, save
 
 from ragsnap.cache import open_store
-from ragsnap.cache.redis_store import RedisKVStore
+from ragsnap.cache.backends.redis_store import RedisKVStore
 from ragsnap.cache.serialization import read_metadata
 from ragsnap.compression import H2OPress, SnapKVPress
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions, RagSnapEngine
-from ragsnap.events import DoneEvent
+from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+from ragsnap.engine.events import DoneEvent
+from ragsnap.prompt.documents import Document
 from tests.redis_server import free_port
 
 pytestmark = pytest.mark.model
@@ -40,7 +40,7 @@ Q1, Q2 = "What causes tides?", "How do honeybees tell each other where flowers a
 
 
 def options(window: int = 8, budget: int = 48, press=None, tokens: int = 6) -> AnswerOptions:
-    from ragsnap.generation import GenerationConfig
+    from ragsnap.runtime.generation import GenerationConfig
 
     return AnswerOptions(
         press=press or SnapKVPress(budget=budget, window=window),
@@ -95,7 +95,7 @@ def redis_engine(engine, url: str, **kwargs) -> RagSnapEngine:
 
 
 def test_hit_loads_bit_identical_kv_and_answers_exactly_as_the_miss(engine, redis_server, ns, cold):
-    eng = redis_engine(engine, redis_server.url, hit_memory_bytes=0)  # every hit reads Redis
+    eng = redis_engine(engine, redis_server.url, hit_memory_mb=0)  # every hit reads Redis
     layout = eng.build_prompt(Q1, DOCS, options().generation, order="given")
     press = options().press
     missed, miss_report = eng.tiers.prefill(layout, press, Q1, ns)
@@ -126,7 +126,7 @@ def test_damaged_entry_is_a_miss_cleaned_up_and_recomputed(
     # the exact tier alone: neither the prefix nor the per-document tier nor a loaded copy
     # may serve the retry
     eng = RagSnapEngine(
-        engine.loaded, store=store, prefix_cache=False, document_cache=False, hit_memory_bytes=0
+        engine.loaded, store=store, prefix_cache=False, document_cache=False, hit_memory_mb=0
     )
     first = ask(eng, Q1, ns)
     key = eng.tiers.entry_keys(
@@ -210,11 +210,11 @@ def test_eight_concurrent_identical_requests_prefill_once(
     assert len({r.answer for r in results}) == 1
 
 
-@pytest.mark.parametrize("memory", [0, 1 << 30], ids=["from-the-store", "from-memory"])
+@pytest.mark.parametrize("memory", [0, 1024], ids=["from-the-store", "from-memory"])
 def test_prefix_hit_prefills_only_the_tail_and_matches_a_cold_run(
     engine, redis_server, ns, cold, memory
 ):
-    eng = redis_engine(engine, redis_server.url, prefix_memory_bytes=memory)
+    eng = redis_engine(engine, redis_server.url, prefix_memory_mb=memory)
     assert ask(eng, Q1, ns).stats.cache == "miss"  # stores the documents' prefix
     calls = counting(eng)
     done = ask(eng, Q2, ns)
@@ -229,7 +229,7 @@ def test_prefix_hit_prefills_only_the_tail_and_matches_a_cold_run(
     assert ask(eng, Q2, ns).stats.cache == "hit"
 
 
-@pytest.mark.parametrize("storage", [None, "bfloat16"])
+@pytest.mark.parametrize("storage", ["auto", "bfloat16"])
 def test_a_prefix_from_memory_is_the_prefix_the_store_gives_back(engine, tmp_path, ns, storage):
     """Two engines on one store, as two processes: the one that computed the prefix keeps
     it in memory, the other reads it from the store (then keeps it); both answer alike, also

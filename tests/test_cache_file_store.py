@@ -7,7 +7,7 @@ import os
 import uuid
 
 from ragsnap.cache import EntryKey, open_store
-from ragsnap.cache.file_store import FileKVStore
+from ragsnap.cache.backends.file_store import FileKVStore
 
 
 def _key(namespace: str = "default", n: int | None = None) -> EntryKey:

@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load, save
 
 from ragsnap.cache import EntryKey, open_store
-from ragsnap.cache.file_store import MAGIC, FileKVStore
-from ragsnap.cache.sealed import SealedKVStore
+from ragsnap.cache.backends.file_store import MAGIC, FileKVStore
+from ragsnap.cache.backends.sealed import SealedKVStore
+from ragsnap.cache.backends.store import namespace_label
 from ragsnap.cache.serialization import StaleEntry, deserialize_prefill, deserialize_prefix
-from ragsnap.cache.store import namespace_label
 from ragsnap.errors import ConfigError
 from tests.test_cache_serialization import MODEL, _serialize
 

@@ -42,12 +42,13 @@ def test_an_int8_compressed_entry_round_trips_close_at_a_third_of_the_bytes():
             step = a.abs().amax(-1, keepdim=True) / 127
             assert bool(((a - b).abs() <= step / 2 + 1e-7).all())
     assert torch.allclose(stored.kept[2].keys, kept[2].keys, atol=0.05)  # its own tensors
-    tensor_bytes = lambda payload: sum(t.nbytes for t in load(payload).values())  # noqa: E731
-    kv = (
-        lambda payload: sum(  # noqa: E731
-            t.nbytes for n, t in load(payload).items() if n[:2] in ("k.", "v.", "kk", "kv")
-        )
-    )
+
+    def tensor_bytes(payload: bytes) -> int:
+        return sum(t.nbytes for t in load(payload).values())
+
+    def kv(payload: bytes) -> int:
+        return sum(t.nbytes for n, t in load(payload).items() if n[:2] in ("k.", "v.", "kk", "kv"))
+
     assert kv(small) < 0.45 * kv(exact) and tensor_bytes(small) < tensor_bytes(exact)
 
 

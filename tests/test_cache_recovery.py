@@ -10,9 +10,9 @@ import torch
 
 from ragsnap.cache import open_store
 from ragsnap.compression import SnapKVPress
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions, RagSnapEngine
-from ragsnap.generation import GenerationConfig
+from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 from tests.tiny_models import HEAD_DIM, KV_HEADS, VOCAB, tiny_engine
 
 

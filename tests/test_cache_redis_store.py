@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("redis")
 
 from ragsnap.cache import EntryKey, StoreUnavailable, open_store  # noqa: E402
-from ragsnap.cache.redis_store import RedisKVStore  # noqa: E402
+from ragsnap.cache.backends.redis_store import RedisKVStore  # noqa: E402
 
 
 def _key(namespace: str | None = None, digest: str | None = None) -> EntryKey:

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load, save
 
 from ragsnap.cache import keys
+from ragsnap.cache.backends.store import namespace_label
 from ragsnap.cache.serialization import (
     FORMAT_VERSION,
     StaleEntry,
@@ -18,7 +19,6 @@ from ragsnap.cache.serialization import (
     serialize_prefill,
     serialize_prefix,
 )
-from ragsnap.cache.store import namespace_label
 from ragsnap.compression import CompressedLayer
 
 MODEL = {"model_id": "tiny", "revision": "r1"}

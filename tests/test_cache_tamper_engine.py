@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from ragsnap.cache import EntryKey, open_store
-from ragsnap.cache.file_store import MAGIC, FileKVStore
-from ragsnap.cache.sealed import SealedKVStore
-from ragsnap.engine import RagSnapEngine
+from ragsnap.cache.backends.file_store import MAGIC, FileKVStore
+from ragsnap.cache.backends.sealed import SealedKVStore
+from ragsnap.engine.engine import RagSnapEngine
 from tests.test_cache_engine import Q1, ask
 from tests.test_cache_hostile import _with_metadata, _with_tensor
 
@@ -82,7 +82,7 @@ def test_tampered_entry_is_a_miss_deleted_and_the_answer_is_the_cold_one(
     ns = uuid.uuid4().hex[:12]
     # the store alone: no prefix tiers, and no copy of the entry kept loaded in memory
     eng = RagSnapEngine(
-        engine.loaded, store=store, prefix_cache=False, document_cache=False, hit_memory_bytes=0
+        engine.loaded, store=store, prefix_cache=False, document_cache=False, hit_memory_mb=0
     )
     cold = ask(eng, Q1, ns)
     assert cold.stats.cache == "miss"

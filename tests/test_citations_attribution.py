@@ -6,8 +6,8 @@ from ragsnap.citations.attribution import AttributionWeights, attribute, gather_
 from ragsnap.citations.markers import insert_markers, strip_markers
 from ragsnap.citations.quotes import document_sentences
 from ragsnap.citations.sentences import split_sentences
-from ragsnap.documents import Document
-from ragsnap.prompt import assemble_prompt
+from ragsnap.prompt.assembly import assemble_prompt
+from ragsnap.prompt.documents import Document
 from tests.tiny_models import tiny_tokenizer
 
 DOCS = [

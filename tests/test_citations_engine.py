@@ -8,10 +8,10 @@ import pytest
 
 from ragsnap.citations.options import CitationOptions
 from ragsnap.compression import make_press
-from ragsnap.documents import load_documents
-from ragsnap.engine import AnswerOptions
-from ragsnap.events import CitationsEvent, TokenEvent
-from ragsnap.generation import GenerationConfig
+from ragsnap.engine.engine import AnswerOptions
+from ragsnap.engine.events import CitationsEvent, TokenEvent
+from ragsnap.prompt.documents import load_documents
+from ragsnap.runtime.generation import GenerationConfig
 
 pytestmark = pytest.mark.model
 SAMPLES = sorted((Path(__file__).parents[1] / "ragsnap" / "samples").glob("*.md"))

@@ -12,10 +12,10 @@ from ragsnap.citations.attribution import AttributionWeights
 from ragsnap.citations.markers import MarkerConstraint
 from ragsnap.citations.options import CitationOptions
 from ragsnap.compression import PRESSES, make_press
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions
-from ragsnap.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
-from ragsnap.generation import GenerationConfig
+from ragsnap.engine.engine import AnswerOptions
+from ragsnap.engine.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 from tests.tiny_models import VOCAB, random_prompt, tiny_engine, tiny_model
 
 DOCS = [

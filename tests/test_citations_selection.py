@@ -7,8 +7,8 @@ import pytest
 
 from ragsnap.citations.attribution import AttributionWeights, select_from_scores
 from ragsnap.citations.overlap import question_relevance
-from ragsnap.documents import Document
 from ragsnap.errors import ConfigError
+from ragsnap.prompt.documents import Document
 from tests.citation_rules import overlap_rule
 
 DOCS = [

@@ -12,11 +12,11 @@ from ragsnap.citations.quotes import document_sentences
 from ragsnap.citations.sentences import Sentence
 from ragsnap.citations.support import SupportRule, check_sentence
 from ragsnap.citations.verdict import grounding, judge
-from ragsnap.documents import Document
+from ragsnap.engine.events import DoneEvent, TokenEvent
+from ragsnap.engine.stopping import StopFilter
 from ragsnap.errors import ConfigError
-from ragsnap.events import DoneEvent, TokenEvent
-from ragsnap.prompt import assemble_prompt
-from ragsnap.stopping import StopFilter
+from ragsnap.prompt.assembly import assemble_prompt
+from ragsnap.prompt.documents import Document
 from tests.tiny_models import tiny_tokenizer
 
 DOCS = [
@@ -171,7 +171,7 @@ def test_the_question_names_the_topic_the_document_holds_it_anywhere():
 
 
 def _done(answer: str, citations=()) -> DoneEvent:
-    from ragsnap.stats import AnswerStats
+    from ragsnap.engine.stats import AnswerStats
 
     stats = AnswerStats(
         model="m", device="cpu", press="none", press_config={}, budget=None,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ragsnap.cli import main
-from ragsnap.engine import RagSnapEngine
+from ragsnap.engine.engine import RagSnapEngine
 
 TIDES = "Tides are caused mainly by the gravity of the Moon pulling on the oceans."
 BEES = "Honeybees tell each other where flowers are by dancing in the hive."
@@ -36,7 +36,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded for input that is invalid")
 
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(refuse))
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(refuse))
 
 
 def ask(capsys, *argv: str) -> tuple[int, str, str]:
@@ -116,7 +116,7 @@ def test_ask_json_from_the_console_script(docs) -> None:
 @pytest.mark.model
 def test_ask_streams_the_answer_then_a_summary(engine, docs, capsys, monkeypatch) -> None:
     # reuse the session's loaded model instead of loading a second copy
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: engine))
     code, out, err = ask(
         capsys,
         "-q",
@@ -165,7 +165,10 @@ def test_ask_streams_the_answer_then_a_summary(engine, docs, capsys, monkeypatch
         ),
         (["-q", "Why?", "--docs", "BAD_JSONL"], "bad.jsonl:2: not valid JSON"),
         (["-q", "Why?"], "no documents"),
-        (["-q", "Why?", "--docs", "DOC", "--speculate", "17"], "--speculate must be 0-16, got 17"),
+        (
+            ["-q", "Why?", "--docs", "DOC", "--speculate", "17"],
+            "--speculate: Input should be less than or equal to 16",
+        ),
         (
             ["-q", "Why?", "--docs", "DOC", "--layer-profile", "MISSING"],
             "layer profile not found: MISSING",
@@ -208,15 +211,11 @@ def test_ask_drafts_by_default_and_says_how_many_drafted_tokens_were_kept(
 ) -> None:
     given = {}
 
-    def load(cls, *args, **kwargs):
-        given.update(kwargs)
-        return RagSnapEngine(
-            tiny.loaded,
-            speculate=kwargs["speculate"],
-            speculate_ngrams=kwargs["speculate_ngrams"],
-        )
+    def from_config(cls, config, **_options):
+        given.update(config.model_dump())
+        return RagSnapEngine(tiny.loaded, None, config)
 
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(load))
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(from_config))
     argv = ["-q", "Why?", "--docs", *docs, "--budget", "64", "--max-new-tokens", "12"]
     code, out, err = ask(capsys, *argv, "--cache", "none")
     assert code == 0, err

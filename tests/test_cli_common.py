@@ -9,7 +9,7 @@ import torch
 
 from ragsnap.cli import build_parser, main
 from ragsnap.cli.progress import configure_threads, default_threads
-from ragsnap.engine import RagSnapEngine
+from ragsnap.engine.engine import RagSnapEngine
 
 COMMANDS = [
     ["ask"],
@@ -49,7 +49,7 @@ def test_every_command_takes_threads_and_verbose_and_shows_defaults(capsys, argv
 
 def test_help_shows_the_defaults(capsys):
     text = " ".join(help_text(capsys, ["ask"]).split())
-    assert "(default: ragsnap-lookahead)" in text and "(default: 128)" in text
+    assert "(default: ragsnap-lookahead;" in text and "(default: 128;" in text
     assert "(default: None)" not in text
 
 
@@ -86,7 +86,7 @@ def test_zero_threads_is_one_clear_line(capsys, tmp_path):
 
 @pytest.mark.model
 def test_diagnose_runs_with_the_default_presses(engine, capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: engine))
     doc = tmp_path / "essay.txt"
     filler = "The committee met again to discuss the budget of the village library. " * 30
     doc.write_text(filler + "The special magic number for amber-fox is 4815162. " + filler)

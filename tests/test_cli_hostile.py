@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ragsnap.cli import main
-from ragsnap.engine import RagSnapEngine
+from ragsnap.engine.engine import RagSnapEngine
 from ragsnap.errors import ModelLoadError
 
 
@@ -28,8 +28,8 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded for input that is invalid")
 
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(refuse))
-    monkeypatch.setattr("ragsnap.models.load_model", refuse)
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(refuse))
+    monkeypatch.setattr("ragsnap.runtime.loading.models.load_model", refuse)
 
 
 def one_line_exit_2(argv: list[str], capsys) -> str:
@@ -73,7 +73,7 @@ def test_bad_sampling_values_are_one_parser_line(doc, capsys, no_model_load, opt
 
 def test_a_zero_answer_length_is_one_line(doc, capsys, no_model_load):
     err = one_line_exit_2(["ask", "-q", "Why?", "--docs", doc, "--max-new-tokens", "0"], capsys)
-    assert "max_new_tokens" in err
+    assert "--max-new-tokens" in err
 
 
 @pytest.mark.parametrize("query", ["ttl=abc", "chunk_bytes=much", "backoff=soon"])
@@ -89,7 +89,7 @@ def test_a_bad_cache_url_option_is_one_line_for_ask_cache_and_serve(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_device_cuda_without_cuda_is_one_line(doc, capsys, monkeypatch):
-    from ragsnap.models import load_model
+    from ragsnap.runtime.loading.models import load_model
 
     with pytest.raises(ModelLoadError, match="CUDA is not available"):
         load_model("embedded", device="cuda")
@@ -98,7 +98,7 @@ def test_device_cuda_without_cuda_is_one_line(doc, capsys, monkeypatch):
 
 
 def test_a_truncated_gguf_is_one_line(tmp_path, doc, capsys):
-    from ragsnap.models import embedded_model_path
+    from ragsnap.runtime.loading.models import embedded_model_path
 
     whole = embedded_model_path()
     truncated = tmp_path / "cut.gguf"
@@ -110,7 +110,7 @@ def test_a_truncated_gguf_is_one_line(tmp_path, doc, capsys):
 
 @pytest.mark.model
 def test_max_new_tokens_over_the_context_says_what_to_change(engine, doc, capsys, monkeypatch):
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: engine))
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: engine))
     err = one_line_exit_2(
         ["ask", "-q", "Why?", "--docs", doc, "--max-new-tokens", "100000", "--cache", "none"],
         capsys,

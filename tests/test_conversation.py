@@ -1,17 +1,17 @@
-"""Chat messages to question, instructions, history and documents (ragsnap.conversation)."""
+"""Chat messages to question, instructions, history and documents (ragsnap.prompt.chat)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ragsnap.conversation import (
+from ragsnap.errors import InputError
+from ragsnap.prompt.chat import (
     ChatMessageText,
     documents_from_context,
     format_docs,
     parse_messages,
 )
-from ragsnap.documents import Document
-from ragsnap.errors import InputError
+from ragsnap.prompt.documents import Document
 
 TIDES = "Tides are caused by the gravity of the Moon."
 BEES = "Honeybees dance to show where flowers are."

@@ -7,8 +7,8 @@ import shutil
 import pytest
 import torch
 
-from ragsnap import converted_weights, models
-from ragsnap.models import embedded_model_path, load_model
+from ragsnap.runtime.loading import converted_weights, models
+from ragsnap.runtime.loading.models import embedded_model_path, load_model
 
 
 def test_the_cache_can_be_turned_off(monkeypatch):

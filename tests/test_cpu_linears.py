@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from ragsnap.cpu_linears import (
+from ragsnap.runtime.loading.cpu_linears import (
     HalfWeightLinear,
     PackedLinear,
     can_pack,
@@ -155,7 +155,7 @@ def test_column_major_keeps_values():
 def test_a_build_or_cpu_that_refuses_to_pack_keeps_its_linears_dense(
     monkeypatch, namespace, op, message, probe, dtype, layer
 ):
-    import ragsnap.cpu_linears as cpu_linears
+    import ragsnap.runtime.loading.cpu_linears as cpu_linears
 
     real = getattr(torch.ops, namespace)
 

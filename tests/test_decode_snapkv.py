@@ -11,7 +11,7 @@ import torch
 from ragsnap.compression import make_press
 from ragsnap.compression.decode_snapkv import DecodeSnapKV, DecodeVotes
 from ragsnap.errors import ConfigError
-from ragsnap.generation import GenerationConfig
+from ragsnap.runtime.generation import GenerationConfig
 from tests.tiny_models import random_prompt, tiny_engine
 
 LONG = GenerationConfig(max_new_tokens=40)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from ragsnap.compression import make_press
-from ragsnap.diagnostics import diagnose, plot_retention
-from ragsnap.documents import Document
 from ragsnap.errors import InputError
-from ragsnap.generation import GenerationConfig
+from ragsnap.eval.diagnostics import diagnose, plot_retention
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 
 FILLER = "The committee met again to discuss the budget of the village library. " * 40
 

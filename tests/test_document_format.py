@@ -11,9 +11,9 @@ from ragsnap.api.answering import inline_documents
 from ragsnap.api.schemas import DocumentIn
 from ragsnap.api.settings import Settings
 from ragsnap.compression import make_press
-from ragsnap.documents import Document, load_documents
 from ragsnap.errors import InputError
 from ragsnap.integrations.langchain.retriever import from_langchain_documents, to_langchain_document
+from ragsnap.prompt.documents import Document, load_documents
 
 
 def test_jsonl_documents_declare_their_format(tmp_path) -> None:

@@ -10,13 +10,11 @@ import pytest
 import torch
 
 from ragsnap.cache import open_store
+from ragsnap.cache.backends.store import EntryKey
 from ragsnap.cache.serialization import KIND_DOCUMENT
-from ragsnap.cache.store import EntryKey
 from ragsnap.compression import SnapKVPress
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions, RagSnapEngine
-from ragsnap.generation import GenerationConfig
-from ragsnap.models import LoadedModel
+from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+from ragsnap.prompt.documents import Document
 from ragsnap.runtime import blend
 from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.blend import (
@@ -30,6 +28,8 @@ from ragsnap.runtime.blend import (
     recompute_blocks,
 )
 from ragsnap.runtime.blend_select import question_attention
+from ragsnap.runtime.generation import GenerationConfig
+from ragsnap.runtime.loading.models import LoadedModel
 from ragsnap.runtime.prefill import forward_chunk
 from ragsnap.runtime.reencode import reencode_support, shift_layers
 from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_model, tiny_tokenizer
@@ -315,7 +315,7 @@ def test_tier_can_be_switched_off(tmp_path):
 
 def test_metrics_count_tiers():
     from ragsnap.api.metrics import ServiceMetrics
-    from ragsnap.stats import AnswerStats
+    from ragsnap.engine.stats import AnswerStats
 
     metrics = ServiceMetrics()
     fields = {
@@ -343,7 +343,7 @@ def test_metrics_count_tiers():
 @pytest.mark.model
 def test_reencoding_is_exact_on_the_embedded_model(engine):
     ids = engine.tokenizer("Tides are caused mainly by the gravity of the Moon.")["input_ids"]
-    _assert_reencoding_exact(engine.model, list(ids), offset=300)
+    _assert_reencoding_exact(engine.loaded.model, list(ids), offset=300)
 
 
 @pytest.mark.model
@@ -381,7 +381,7 @@ def test_full_share_is_the_cold_answer_on_the_embedded_model(engine, tmp_path):
 
 
 def test_pieces_in_redis_carry_the_store_ttl_and_are_reused(redis_server):
-    from ragsnap.cache.redis_store import RedisKVStore
+    from ragsnap.cache.backends.redis_store import RedisKVStore
 
     store = RedisKVStore.from_url(redis_server.url + "?ttl=120")
     loaded = _engine_loaded("llama")

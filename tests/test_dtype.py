@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ragsnap import models
 from ragsnap.cli import build_parser
+from ragsnap.engine.options import config_from_args
 from ragsnap.errors import ModelLoadError
-from ragsnap.models import resolve_dtype
+from ragsnap.runtime.loading import models
+from ragsnap.runtime.loading.models import resolve_dtype
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -34,17 +35,19 @@ def test_every_model_command_takes_dtype(monkeypatch):
     for command in (["ask", "-q", "x", "--docs", "a.md"], ["bench", "batch"], ["serve"]):
         args = build_parser().parse_args([*command, "--dtype", "float32"])
         assert args.dtype == "float32"
-    assert build_parser().parse_args(["ask", "-q", "x", "--docs", "a.md"]).dtype == "bfloat16"
+    args = build_parser().parse_args(["ask", "-q", "x", "--docs", "a.md"])
+    assert args.dtype is None and config_from_args(args).dtype == "bfloat16"  # the environment's
+    assert build_parser().parse_args(["bench", "batch"]).dtype == "bfloat16"
 
 
 @pytest.mark.model
 def test_a_bfloat16_engine_answers_and_keeps_its_own_entries(engine, tmp_path):
     from ragsnap.cache import open_store
     from ragsnap.compression import make_press
-    from ragsnap.cpu_linears import can_pack
-    from ragsnap.documents import Document
-    from ragsnap.engine import AnswerOptions, RagSnapEngine
-    from ragsnap.generation import GenerationConfig
+    from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+    from ragsnap.prompt.documents import Document
+    from ragsnap.runtime.generation import GenerationConfig
+    from ragsnap.runtime.loading.cpu_linears import can_pack
 
     store = open_store(f"file://{tmp_path}")
     half = RagSnapEngine.load("embedded", device="cpu", dtype="bfloat16", store=store)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from ragsnap.compression import FullPress, SnapKVPress, StreamingLLMPress
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions
-from ragsnap.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
-from ragsnap.generation import GenerationConfig
+from ragsnap.engine.engine import AnswerOptions
+from ragsnap.engine.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 
 pytestmark = pytest.mark.model
 
@@ -40,10 +40,12 @@ def test_budget_above_prompt_length_matches_model_generate(engine) -> None:
     assert result.kv_bytes_kept == result.kv_bytes_full  # nothing was evicted
     ours = engine.runtime.generate(result, gen)
     with torch.no_grad():
-        generated = engine.model.generate(
+        generated = engine.loaded.model.generate(
             torch.tensor([layout.input_ids]), max_new_tokens=12, do_sample=False
         )
-    reference = greedy_until_stop(generated[0, layout.num_tokens :].tolist(), engine.stop_ids)
+    reference = greedy_until_stop(
+        generated[0, layout.num_tokens :].tolist(), engine.runtime.stop_ids
+    )
     assert len(ours) >= 3
     assert ours == reference
 
@@ -68,7 +70,7 @@ def test_decoding_continues_at_the_original_prompt_length(engine) -> None:
     mask[0, :sinks] = 1
     mask[0, length - (budget - sinks) :] = 1
     with torch.no_grad():
-        out = engine.model(
+        out = engine.loaded.model(
             input_ids=torch.tensor([[first]]),
             position_ids=torch.tensor([[length]]),
             attention_mask=mask,

@@ -9,12 +9,12 @@ import re
 import pytest
 
 from ragsnap.compression import make_press
-from ragsnap.documents import Document
 from ragsnap.eval.evaluate import EvalRequest, evaluate
 from ragsnap.eval.fidelity import compare, fidelities, full_reference
 from ragsnap.eval.niah import build_needles
 from ragsnap.eval.report import fmt
-from ragsnap.generation import GenerationConfig
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 
 pytestmark = pytest.mark.model
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ragsnap.cli import build_parser, main
-from ragsnap.engine import RagSnapEngine
+from ragsnap.engine.engine import RagSnapEngine
 
 TUNING = (
     "--window", "--kernel", "--pooling", "--layer-profile", "--keep-instruction", "--lookup",
@@ -106,7 +106,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model must not load")
 
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(refuse))
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(refuse))
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,8 @@ import pytest
 from ragsnap.errors import ConfigError
 from ragsnap.eval.evaluate import EvalRequest, evaluate
 from ragsnap.eval.structured import STRUCTURES, build_structured, load_kv_retrieval
-from ragsnap.prompt import assemble_prompt
-from ragsnap.structure import character_roles
+from ragsnap.prompt.assembly import assemble_prompt
+from ragsnap.prompt.structure import character_roles
 from tests.tiny_models import tiny_engine, tiny_tokenizer
 
 

@@ -10,10 +10,10 @@ import json
 import pytest
 
 from ragsnap.citations.options import ABSTAIN_TEXT, CitationOptions
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions
-from ragsnap.events import DoneEvent, TokenEvent
-from ragsnap.generation import GenerationConfig
+from ragsnap.engine.engine import AnswerOptions
+from ragsnap.engine.events import DoneEvent, TokenEvent
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 from tests.api_helpers import parse_sse
 from tests.local_client import LocalClient
 from tests.tiny_models import tiny_engine
@@ -152,15 +152,15 @@ def test_langchain_in_process_and_against_a_server_carry_the_verdict(tiny):
 
 def test_ask_json_and_summary_carry_the_verdict(tiny, tmp_path, capsys, monkeypatch):
     from ragsnap.cli import main
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
 
-    monkeypatch.setattr(RagSnapEngine, "load", classmethod(lambda cls, *a, **k: tiny))
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: tiny))
     path = tmp_path / "tides.txt"
     path.write_text(DOCS[0]["text"], encoding="utf-8")
     argv = ["ask", "-q", QUESTION, "--docs", str(path), "--max-new-tokens", "6", "--cache", "none"]
     assert main([*argv, "--json", "--unsupported", "abstain"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert payload["grounded"] is False and payload["grounded_score"] == 0.0
+    assert payload["grounded"] is False and payload["grounded_score"] == 0.0, payload
     assert payload["answer"] == ABSTAIN_TEXT and payload["model_answer"].strip()
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 from ragsnap.cache import open_store
-from ragsnap.cache.hit_memory import HitMemory, stored_nbytes
+from ragsnap.cache.tiers.hit_memory import HitMemory, stored_nbytes
 from ragsnap.compression import SnapKVPress
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions, RagSnapEngine
-from ragsnap.generation import GenerationConfig
+from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 from tests.tiny_models import tiny_engine
 
 DOCS = [Document(id="d", title="t", text=" ".join(f"w{i}" for i in range(90)))]
@@ -55,7 +55,7 @@ def test_namespaces_stay_apart_and_a_zero_budget_reads_the_store_each_time(tmp_p
     engine = RagSnapEngine(loaded, store=store)
     ask(engine, "a")
     assert ask(engine, "b").stats.cache == "miss"  # tenant a's entry is not b's
-    off = RagSnapEngine(loaded, store=store, hit_memory_bytes=0)
+    off = RagSnapEngine(loaded, store=store, hit_memory_mb=0)
     reads = [ask(off, "a").stats.cache_bytes_read for _ in range(2)]
     assert reads[0] == reads[1] > 0 and len(off.tiers.hits) == 0
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ragsnap.documents import Document
-from ragsnap.kept import document_kept_tokens
-from ragsnap.prompt import assemble_prompt
+from ragsnap.citations.kept import document_kept_tokens
+from ragsnap.prompt.assembly import assemble_prompt
+from ragsnap.prompt.documents import Document
 
 pytestmark = pytest.mark.model
 

@@ -14,11 +14,11 @@ from ragsnap.compression.layer_budgets import (
     packaged_profile,
     split_budget,
 )
-from ragsnap.documents import Document
 from ragsnap.errors import ConfigError, InputError
 from ragsnap.eval.calibrate import calibrate_layers, item_layer_kl
 from ragsnap.eval.items import EvalItem
-from ragsnap.generation import GenerationConfig
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 from tests.tiny_models import random_prompt, tiny_config, tiny_engine
 
 
@@ -132,7 +132,7 @@ def test_a_layer_left_with_only_its_window_keeps_exactly_the_window(tmp_path) ->
 
 @pytest.mark.model
 def test_the_embedded_model_has_a_packaged_profile(engine) -> None:
-    config = engine.model.config
+    config = engine.loaded.model.config
     profile = packaged_profile(model_fingerprint(config))
     assert profile is not None
     assert len(profile.sensitivity) == config.num_hidden_layers
@@ -156,7 +156,7 @@ def test_calibration_measures_per_layer_kl_and_extends_a_profile(engine) -> None
         "How do honeybees tell others where food is?",
         "Honeybees perform a waggle dance whose angle points to the food source. " * 4,
     )
-    layers = engine.model.config.num_hidden_layers
+    layers = engine.loaded.model.config.num_hidden_layers
     whole = item_layer_kl(engine, tides, generation, budget=4096)
     assert max(whole) < 1e-6 and len(whole) == layers  # a budget over the prompt: float noise only
     first = calibrate_layers(engine, [tides], generation, budget=48)

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from ragsnap.cli import build_parser
 from ragsnap.errors import ConfigError
-from ragsnap.generation import MAX_TEMPERATURE, SEED_MAX, SEED_MIN, GenerationConfig
+from ragsnap.runtime.generation import MAX_TEMPERATURE, SEED_MAX, SEED_MIN, GenerationConfig
 
 ASK = ["ask", "-q", "x", "--docs", "a.md"]
 
@@ -63,9 +63,9 @@ def test_the_edges_are_accepted_everywhere():
 def test_a_miss_reports_the_bytes_it_stores_after_the_answer(tmp_path):
     from ragsnap.cache import open_store
     from ragsnap.compression import SnapKVPress
-    from ragsnap.documents import Document
-    from ragsnap.engine import AnswerOptions, RagSnapEngine
-    from ragsnap.generation import GenerationConfig
+    from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+    from ragsnap.prompt.documents import Document
+    from ragsnap.runtime.generation import GenerationConfig
     from tests.test_scheduler import Collector, run
     from tests.tiny_models import tiny_engine
 
@@ -86,7 +86,7 @@ def test_a_miss_reports_the_bytes_it_stores_after_the_answer(tmp_path):
 def test_the_retriever_logs_nothing_below_the_applications_level(caplog):
     import logging
 
-    from ragsnap.documents import Document
+    from ragsnap.prompt.documents import Document
     from ragsnap.retrieval.bm25 import BM25Index
 
     caplog.set_level(logging.WARNING)
@@ -97,12 +97,12 @@ def test_the_retriever_logs_nothing_below_the_applications_level(caplog):
 
 def test_stop_strings_end_the_in_process_answer_as_they_end_the_servers():
     from ragsnap.compression import SnapKVPress
-    from ragsnap.documents import Document
-    from ragsnap.engine import AnswerOptions
+    from ragsnap.engine.engine import AnswerOptions
+    from ragsnap.prompt.documents import Document
     from tests.tiny_models import tiny_engine
 
     engine = tiny_engine("llama")
-    engine.stop_ids.clear()  # random weights: decode to the length limit
+    engine.runtime.stop_ids.clear()  # random weights: decode to the length limit
     docs = [Document(id="d", title="t3", text=" ".join(f"t{5 + i % 80}" for i in range(60)))]
     press = SnapKVPress(budget=24, window=8)
     free = engine.answer("t4 t5", docs, AnswerOptions(press, GenerationConfig(max_new_tokens=12)))
@@ -116,5 +116,6 @@ def test_stop_strings_end_the_in_process_answer_as_they_end_the_servers():
     assert cut.stats.new_tokens < free.stats.new_tokens  # generation stopped, not just the text
     args = build_parser().parse_args([*ASK, "--stop", stop, "--stop", "\n\n"])
     from ragsnap.cli.options import generation_from_args
+    from ragsnap.engine.options import config_from_args
 
-    assert generation_from_args(args).stop == (stop, "\n\n")
+    assert generation_from_args(args, config_from_args(args)).stop == (stop, "\n\n")

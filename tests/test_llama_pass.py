@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ragsnap.cpu_linears import can_pack_half, pack_linears
 from ragsnap.runtime.forward import BatchedKV, forward_rows
 from ragsnap.runtime.llama_pass import llama_pass_for
+from ragsnap.runtime.loading.cpu_linears import can_pack_half, pack_linears
 from tests.test_runtime import tiny_prefills
 from tests.tiny_models import ARCHITECTURES, tiny_engine
 
@@ -17,7 +17,7 @@ LEAN = ("llama", "mistral", "qwen2")
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_only_plain_llama_layers_get_the_lean_pass(arch) -> None:
     engine = tiny_engine(arch)
-    assert (llama_pass_for(engine.model) is not None) == (arch in LEAN)
+    assert (llama_pass_for(engine.loaded.model) is not None) == (arch in LEAN)
     assert (engine.runtime.lean is not None) == (arch in LEAN)
 
 
@@ -32,7 +32,7 @@ def _rows(engine) -> BatchedKV:
 def _same_passes(engine, feeds) -> None:
     """Feeding ``feeds`` (per pass, the tokens of each row) through both paths gives the
     same logits and leaves the same entries in every row's cache."""
-    model, kwarg = engine.model, engine.loaded.cache_kwarg
+    model, kwarg = engine.loaded.model, engine.loaded.cache_kwarg
     tree, lean = _rows(engine), _rows(engine)
     for tokens in feeds:
         last = len({len(t) for t in tokens}) == 1 and len(tokens[0]) == 1
@@ -68,7 +68,7 @@ def test_lean_pass_keeps_sliding_windows() -> None:
 @pytest.mark.skipif(not can_pack_half(), reason="fbgemm cannot pack float32 linears here")
 def test_lean_pass_follows_linears_swapped_after_it_was_made() -> None:
     engine = tiny_engine("llama")
-    assert pack_linears(engine.model) > 0
+    assert pack_linears(engine.loaded.model) > 0
     _same_passes(engine, [[[5], [6], [7], [8]]])
 
 

@@ -55,7 +55,7 @@ def drafted_votes(queries: torch.Tensor, keys: torch.Tensor, prefix: int, scale:
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_drafted_tokens_vote_as_the_reference_says(arch: str) -> None:
     engine = tiny_engine(arch, "sdpa", seed=4)
-    model, prompt = engine.model, random_prompt(PROMPT_LEN, seed=5)
+    model, prompt = engine.loaded.model, random_prompt(PROMPT_LEN, seed=5)
     engine.runtime.stop_ids = set()  # a full draft whatever the random model writes
     press = LookaheadPress(SnapKVPress(budget=BUDGET, window=WINDOW, kernel=1), tokens=AHEAD)
     result = engine.runtime.prefill(prompt, press)
@@ -89,7 +89,7 @@ def test_drafted_tokens_vote_as_the_reference_says(arch: str) -> None:
 
 def test_the_draft_stops_before_an_end_token_and_returns_its_queries() -> None:
     engine = tiny_engine("llama", "sdpa", seed=4)
-    model, prompt = engine.model, random_prompt(PROMPT_LEN, seed=5)
+    model, prompt = engine.loaded.model, random_prompt(PROMPT_LEN, seed=5)
     draft = greedy(model, prompt, AHEAD, set())
     runtime = engine.runtime
     cache = runtime.new_cache()
@@ -108,7 +108,7 @@ def test_the_draft_stops_before_an_end_token_and_returns_its_queries() -> None:
 def test_when_the_answer_ends_at_once_nothing_is_drafted_and_the_base_press_decides() -> None:
     engine = tiny_engine("llama", "sdpa", seed=4)
     prompt = random_prompt(PROMPT_LEN, seed=5)
-    first = greedy(engine.model, prompt, 1, set())[0]
+    first = greedy(engine.loaded.model, prompt, 1, set())[0]
     base = SnapKVPress(budget=BUDGET, window=WINDOW)
     engine.runtime.stop_ids = {first}
     result = engine.runtime.prefill(prompt, LookaheadPress(base, tokens=AHEAD))
@@ -170,9 +170,9 @@ def test_a_prefix_hit_looks_ahead_as_a_cold_prefill_does() -> None:
 
 
 def test_the_engine_reports_the_drafted_tokens_and_keys_the_press_by_them(engine) -> None:
-    from ragsnap.documents import Document
-    from ragsnap.engine import AnswerOptions
-    from ragsnap.generation import GenerationConfig
+    from ragsnap.engine.engine import AnswerOptions
+    from ragsnap.prompt.documents import Document
+    from ragsnap.runtime.generation import GenerationConfig
 
     docs = [Document(id="tides", title="Tides", text="Tides are caused by the Moon's gravity.")]
     generation = GenerationConfig(max_new_tokens=8)

@@ -13,12 +13,12 @@ from ragsnap.compression import KeepInstructionPress, LookupFocusPress, make_pre
 from ragsnap.compression.base import CompressedLayer, LayerContext
 from ragsnap.compression.lookup_focus import uses_focus
 from ragsnap.compression.snapkv import SnapKVPress
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions, RagSnapEngine
+from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
 from ragsnap.errors import ConfigError
 from ragsnap.eval.grid import press_grid
-from ragsnap.generation import GenerationConfig
-from ragsnap.lookup import focus_chars, prompt_focus
+from ragsnap.prompt.documents import Document
+from ragsnap.prompt.focus import focus_chars, prompt_focus
+from ragsnap.runtime.generation import GenerationConfig
 from tests.tiny_models import tiny_engine
 
 

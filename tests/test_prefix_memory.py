@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ragsnap.cache.prefix_memory import PrefixMemory, layers_nbytes
+from ragsnap.cache.tiers.prefix_memory import PrefixMemory, layers_nbytes
 
 
 def layers(tokens: int, fill: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:

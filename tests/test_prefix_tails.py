@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ragsnap.compression import make_press
-from ragsnap.generation import GenerationConfig
 from ragsnap.runtime.forward import BatchedKV
+from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.tails import Tail
 from tests.tiny_models import random_prompt, tiny_engine
 

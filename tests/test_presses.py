@@ -123,10 +123,10 @@ def test_h2o_matches_reference(llama, prompt) -> None:
     budget, window = 32, 8
     press = H2OPress(budget=budget, window=window, chunk=20)  # chunks that do not divide L
     result = llama.runtime.prefill(prompt, press)
-    hidden, plain = reference_run(llama.model, prompt)
-    scale = softmax_scale(llama.model)
+    hidden, plain = reference_run(llama.loaded.model, prompt)
+    scale = softmax_scale(llama.loaded.model)
     for layer_idx, indices in enumerate(kept_indices(result)):
-        queries = reference_window_queries(llama.model, layer_idx, hidden[layer_idx], LENGTH)
+        queries = reference_window_queries(llama.loaded.model, layer_idx, hidden[layer_idx], LENGTH)
         ref = reference_h2o(queries, plain.layers[layer_idx].keys[0], window, scale)
         assert_same_selection(indices, ref, window, budget)
 
@@ -197,7 +197,7 @@ def test_cache_shapes_and_memory_after_compression(llama, prompt) -> None:
 
 def test_hooks_see_the_cache_on_every_layer(llama, prompt) -> None:
     """Fails loudly when a transformers upgrade hides the cache from the attention hook."""
-    model = llama.model
+    model = llama.loaded.model
     press = SnapKVPress(budget=24, window=8)
     with compression_hooks(model, press) as recorder, torch.no_grad():
         model(input_ids=torch.tensor([prompt]), cache=DynamicCache(config=model.config))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from ragsnap.citations import Citation
-from ragsnap.documents import Document
-from ragsnap.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
-from ragsnap.prompt import ANSWER_STYLE, ChatContext, Turn, assemble_prompt
-from ragsnap.stats import AnswerStats
-from ragsnap.stopping import StopMatcher, apply_stop
+from ragsnap.engine.events import CitationsEvent, DoneEvent, MetaEvent, TokenEvent
+from ragsnap.engine.stats import AnswerStats
+from ragsnap.engine.stopping import StopMatcher, apply_stop
+from ragsnap.prompt.assembly import ANSWER_STYLE, ChatContext, Turn, assemble_prompt
+from ragsnap.prompt.documents import Document
 from tests.test_prompt_injection import chatml_tokenizer, special_counts
 
 DOCS = [Document(id="a", title="Paris", text="Paris is the capital of France.")]

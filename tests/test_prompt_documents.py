@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from ragsnap.citations import cited_indices, document_keep_shares, extract_citations
-from ragsnap.documents import Document, load_documents
 from ragsnap.errors import InputError
-from ragsnap.prompt import MIN_TRUNCATED_TOKENS, assemble_prompt, format_document
+from ragsnap.prompt.assembly import MIN_TRUNCATED_TOKENS, assemble_prompt, format_document
+from ragsnap.prompt.documents import Document, load_documents
 from tests.tiny_models import tiny_tokenizer
 
 # -- prompt assembly (a real word-level tokenizer: one token per "tN" word) -------------

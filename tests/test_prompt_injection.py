@@ -11,10 +11,10 @@ from tokenizers.pre_tokenizers import Split
 from transformers import PreTrainedTokenizerFast
 
 from ragsnap.compression import make_press
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions
-from ragsnap.generation import GenerationConfig
-from ragsnap.prompt import assemble_prompt
+from ragsnap.engine.engine import AnswerOptions
+from ragsnap.prompt.assembly import assemble_prompt
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

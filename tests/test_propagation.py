@@ -14,7 +14,7 @@ import torch
 from ragsnap.compression import make_press
 from ragsnap.compression.propagate import PropagatePress, propagation_of, without_propagation
 from ragsnap.errors import ConfigError
-from ragsnap.generation import GenerationConfig
+from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.propagation import select_tokens
 from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_engine
 
@@ -254,7 +254,7 @@ def test_batched_rows_on_both_paths_decode_exactly_as_alone() -> None:
 
 @pytest.mark.model
 def test_share_one_reproduces_the_full_path_on_the_embedded_model(engine) -> None:
-    from ragsnap.documents import Document as Doc
+    from ragsnap.prompt.documents import Document as Doc
 
     layout = engine.build_prompt(
         "Which river flows through the capital?",
@@ -288,12 +288,14 @@ def test_cli_options_turn_propagation_on_and_the_switch_forces_the_full_path(mon
     import argparse
 
     from ragsnap.cli.options import add_press_options, press_from_args
+    from ragsnap.engine.options import config_from_args
 
     parser = argparse.ArgumentParser()
     add_press_options(parser)
 
     def press(*argv):
-        return press_from_args(parser.parse_args(list(argv)))
+        args = parser.parse_args(list(argv))
+        return press_from_args(args, config_from_args(args))
 
     monkeypatch.delenv("RAGSNAP_FULL_PREFILL", raising=False)
     on = press("--press", "snapkv", "--budget", "64", "--propagate-share", "0.3")
@@ -339,8 +341,8 @@ def test_a_new_document_set_takes_the_fast_path_and_a_recurring_one_gets_its_pre
     tmp_path,
 ) -> None:
     from ragsnap.cache import open_store
-    from ragsnap.documents import Document
-    from ragsnap.engine import AnswerOptions, RagSnapEngine
+    from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+    from ragsnap.prompt.documents import Document
 
     engine = RagSnapEngine(tiny_engine("llama").loaded, store=open_store(f"file://{tmp_path}"))
     words = random_prompt(240, seed=9)

@@ -13,8 +13,8 @@ from ray.exceptions import ActorDiedError  # noqa: E402
 
 from ragsnap.api.ray_backend import Admission, RayAnswerBackend  # noqa: E402
 from ragsnap.api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError  # noqa: E402
-from ragsnap.documents import Document  # noqa: E402
-from ragsnap.events import MetaEvent, TokenEvent  # noqa: E402
+from ragsnap.engine.events import MetaEvent, TokenEvent  # noqa: E402
+from ragsnap.prompt.documents import Document  # noqa: E402
 
 META = MetaEvent(prompt_tokens=10, kept_tokens=8, cache="miss", documents=[])
 DIED = ActorDiedError()

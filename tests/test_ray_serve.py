@@ -148,7 +148,7 @@ def test_same_document_set_same_replica_and_shared_cache(cluster):
 
 
 def _documents(documents):
-    from ragsnap.documents import Document
+    from ragsnap.prompt.documents import Document
 
     return [Document(id=d["id"], title=d["title"], text=d["text"]) for d in documents]
 
@@ -166,7 +166,7 @@ def _answer_elsewhere(cluster, body, avoid):
     from ragsnap.api.ray_backend import Admission, RemoteAnswer, route_key
     from ragsnap.api.schemas import CompressionIn
     from ragsnap.api.settings import Settings
-    from ragsnap.events import DoneEvent
+    from ragsnap.engine.events import DoneEvent
 
     options = answer_options(
         CompressionIn(**FAST),

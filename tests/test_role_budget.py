@@ -38,7 +38,9 @@ def _run(press: Press, roles: torch.Tensor | None, seed: int = 5):
     recorder_press = _RecordScores()
     prompt = random_prompt(LENGTH, seed=seed)
     cache = engine.runtime.new_cache()
-    with compression_hooks(engine.model, [press, recorder_press], apply=False, roles=roles) as rec:
+    with compression_hooks(
+        engine.loaded.model, [press, recorder_press], apply=False, roles=roles
+    ) as rec:
         rec.armed = True
         engine.runtime.forward(prompt, cache, 0)
     return rec.layer_results(0), recorder_press.scores

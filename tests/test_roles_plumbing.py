@@ -11,10 +11,10 @@ from ragsnap.compression import make_press
 from ragsnap.compression.base import CompressedLayer, LayerContext
 from ragsnap.compression.roles import TokenRole
 from ragsnap.compression.snapkv import SnapKVPress
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions, RagSnapEngine
-from ragsnap.generation import GenerationConfig
-from ragsnap.structure import prompt_roles
+from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+from ragsnap.prompt.documents import Document
+from ragsnap.prompt.structure import prompt_roles
+from ragsnap.runtime.generation import GenerationConfig
 from tests.tiny_models import tiny_engine
 
 DOCS = [

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from ragsnap.compression import make_press
-from ragsnap.documents import Document
-from ragsnap.generation import GenerationConfig
+from ragsnap.prompt.documents import Document
 from ragsnap.runtime.forward import BatchedKV, forward_rows
+from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.kv import derive_cache
 from ragsnap.runtime.prefill import chunk_starts, forward_chunk
 from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_engine
@@ -67,7 +67,7 @@ def test_runtime_decoding_equals_plain_transformers_decoding(arch) -> None:
         for position in range(len(prompt), len(prompt) + 20):
             reference.append(int(logits.argmax()))
             logits = forward_chunk(
-                engine.model, engine.loaded.cache_kwarg, reference[-1:], cache, position
+                engine.loaded.model, engine.loaded.cache_kwarg, reference[-1:], cache, position
             )
         generation = GenerationConfig(max_new_tokens=20)
         assert decode(engine.runtime, [(prefill, generation)], stop_ids=set())[0] == reference
@@ -116,7 +116,7 @@ def test_multi_token_teacher_forcing_equals_one_token_per_step(arch) -> None:
         kv = BatchedKV(engine.runtime.windows)
         kv.add(prefill.layers, prefill.original_length, prefill.bias)
         steps = [
-            forward_rows(engine.model, engine.loaded.cache_kwarg, kv, [[t]], last=True)
+            forward_rows(engine.loaded.model, engine.loaded.cache_kwarg, kv, [[t]], last=True)
             for t in tokens
         ]
         single = torch.log_softmax(torch.cat(steps).float(), dim=-1)
@@ -204,7 +204,7 @@ def test_chunked_prefill_through_the_runtime_attention_equals_transformers_sdpa(
     """A chunk on top of a cache is masked: the runtime reads grouped KV heads in place
     on a CPU where transformers copies them; the logits and cache are the same."""
     engine = tiny_engine(arch)
-    model, kwarg, prompt = engine.model, engine.loaded.cache_kwarg, random_prompt(80, seed=5)
+    model, kwarg, prompt = engine.loaded.model, engine.loaded.cache_kwarg, random_prompt(80, seed=5)
     assert model.config._attn_implementation == "ragsnap_sdpa"
 
     def chunked(implementation):

@@ -11,11 +11,11 @@ import httpx
 import pytest
 
 from ragsnap.compression import make_press
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions
-from ragsnap.events import DoneEvent, MetaEvent, TokenEvent
-from ragsnap.generation import GenerationConfig
-from ragsnap.scheduler import Scheduler
+from ragsnap.engine.engine import AnswerOptions
+from ragsnap.engine.events import DoneEvent, MetaEvent, TokenEvent
+from ragsnap.engine.scheduler import Scheduler
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 from tests.api_helpers import DOCS, FAST, parse_sse, running_server
 from tests.tiny_models import tiny_engine
 
@@ -79,7 +79,7 @@ def requests_for_tiny_engine() -> list[Collector]:
 @pytest.fixture(scope="module")
 def engine_tiny():
     engine = tiny_engine("llama")
-    engine.stop_ids.clear()  # random weights: decode to the length limit
+    engine.runtime.stop_ids.clear()  # random weights: decode to the length limit
     return engine
 
 
@@ -235,10 +235,10 @@ def test_a_miss_stores_its_entries_after_its_answer_and_outside_prefills(
     engine_tiny, tmp_path, monkeypatch
 ) -> None:
     from ragsnap.cache import open_store
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
 
     engine = RagSnapEngine(engine_tiny.loaded, store=open_store(f"file://{tmp_path}"))
-    engine.stop_ids.clear()
+    engine.runtime.stop_ids.clear()
     first, second = requests_for_tiny_engine()[:2]
     second.documents = [Document(id="long", title="t4", text=words(11, 400))]
     blocked, release = threading.Event(), threading.Event()
@@ -325,11 +325,11 @@ def test_prefix_hits_waiting_together_are_finished_together(engine_tiny, tmp_pat
     import shutil
 
     from ragsnap.cache import open_store
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
 
     def engine_on(folder):
         engine = RagSnapEngine(engine_tiny.loaded, store=open_store(f"file://{folder}"))
-        engine.stop_ids.clear()
+        engine.runtime.stop_ids.clear()
         return engine
 
     run(engine_on(tmp_path / "kv"), requests_for_tiny_engine())  # stores each document prefix

@@ -203,7 +203,7 @@ def test_engine_prefill_applies_reference_selection(arch: str) -> None:
     """Through ``RagSnapEngine.prefill``: kept indices match the reference and the cache
     holds exactly the kept entries of the full-cache keys and values."""
     engine = tiny_engine(arch, "sdpa")
-    model = engine.model
+    model = engine.loaded.model
     input_ids = random_prompt(PROMPT_LEN, seed=2)
     window, budget, kernel = 8, 40, 7
     press = SnapKVPress(budget=budget, window=window, kernel=kernel, pooling="max")

@@ -64,7 +64,7 @@ def test_a_kept_word_start_keeps_the_rest_of_its_word() -> None:
     [plain, completed] = engine.runtime.prefill_many(prompt, [snap, spans])
     # prefill_many computes word starts from the tokenizer; redo the compression with ours
     cache = engine.runtime.new_cache()
-    with compression_hooks(engine.model, spans, word_starts=starts) as recorder:
+    with compression_hooks(engine.loaded.model, spans, word_starts=starts) as recorder:
         recorder.armed = True
         engine.runtime.forward(prompt, cache, 0)
     changed = 0

@@ -9,9 +9,9 @@ import pytest
 from ragsnap.compression.decode_snapkv import DecodeSnapKV
 from ragsnap.compression.lookahead import LookaheadPress
 from ragsnap.compression.snapkv import SnapKVPress
-from ragsnap.generation import GenerationConfig
 from ragsnap.runtime.decode import DRAFT_PASS_TOKENS
 from ragsnap.runtime.drafts import Drafts
+from ragsnap.runtime.generation import GenerationConfig
 from tests.test_runtime import REQUESTS, tiny_prefills
 from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_engine
 
@@ -127,8 +127,8 @@ def test_a_lookahead_draft_is_the_first_guess_and_kept_where_the_cache_lost_noth
 @pytest.mark.model
 def test_the_embedded_model_keeps_drafts_of_a_copied_answer_and_answers_the_same(engine) -> None:
     from ragsnap.compression import make_press
-    from ragsnap.documents import Document
-    from ragsnap.engine import AnswerOptions
+    from ragsnap.engine.engine import AnswerOptions
+    from ragsnap.prompt.documents import Document
 
     documents = [
         Document(
@@ -185,7 +185,7 @@ def test_a_stop_rule_met_inside_a_kept_draft_ends_the_row_there() -> None:
 
 def test_metrics_count_the_drafted_tokens_fed_and_kept() -> None:
     from ragsnap.api.metrics import ServiceMetrics
-    from ragsnap.stats import AnswerStats
+    from ragsnap.engine.stats import AnswerStats
 
     metrics = ServiceMetrics()
     fields = {

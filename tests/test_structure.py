@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from ragsnap.compression.roles import TokenRole
-from ragsnap.documents import Document
 from ragsnap.errors import InputError
-from ragsnap.prompt import assemble_prompt, encode_user_text, format_document
-from ragsnap.structure import character_roles, document_roles, prompt_roles
+from ragsnap.prompt.assembly import assemble_prompt, encode_user_text, format_document
+from ragsnap.prompt.documents import Document
+from ragsnap.prompt.structure import character_roles, document_roles, prompt_roles
 
 R = {"O": TokenRole.OTHER, "K": TokenRole.KEY, "V": TokenRole.VALUE, "D": TokenRole.DELIM}
 R["W"] = TokenRole.WS

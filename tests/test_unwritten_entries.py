@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from ragsnap.cache import open_store
-from ragsnap.cache.hit_memory import HitMemory
-from ragsnap.cache.unwritten import UnwrittenEntries
-from ragsnap.documents import Document
-from ragsnap.engine import AnswerOptions, RagSnapEngine
-from ragsnap.events import TokenEvent
-from ragsnap.generation import GenerationConfig
+from ragsnap.cache.tiers.hit_memory import HitMemory
+from ragsnap.cache.tiers.unwritten import UnwrittenEntries
+from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+from ragsnap.engine.events import TokenEvent
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.generation import GenerationConfig
 from tests.test_scheduler import words
 from tests.tiny_models import tiny_engine
 
@@ -39,10 +39,10 @@ def engine_tiny() -> RagSnapEngine:
     return tiny_engine("llama")
 
 
-def _engine(engine_tiny, tmp_path, storage_dtype=None) -> RagSnapEngine:
+def _engine(engine_tiny, tmp_path, storage_dtype="auto") -> RagSnapEngine:
     store = open_store(f"file://{tmp_path}")
     engine = RagSnapEngine(engine_tiny.loaded, store=store, storage_dtype=storage_dtype)
-    engine.stop_ids.clear()
+    engine.runtime.stop_ids.clear()
     return engine
 
 
@@ -54,7 +54,7 @@ def _options(tokens: int = 4) -> AnswerOptions:
     return AnswerOptions(generation=GenerationConfig(max_new_tokens=tokens), document_order="given")
 
 
-@pytest.mark.parametrize("storage", [None, "bfloat16"])
+@pytest.mark.parametrize("storage", ["auto", "bfloat16"])
 def test_a_repeat_before_the_write_gets_what_the_store_gives_back(
     engine_tiny, tmp_path, storage
 ) -> None:
@@ -102,7 +102,7 @@ def test_a_stream_closed_early_still_writes_its_entries(engine_tiny, tmp_path) -
 
 
 def test_a_request_cancelled_while_decoding_still_writes_its_entries(engine_tiny, tmp_path) -> None:
-    from ragsnap.scheduler import Scheduler
+    from ragsnap.engine.scheduler import Scheduler
     from tests.test_scheduler import Collector
 
     engine = _engine(engine_tiny, tmp_path)

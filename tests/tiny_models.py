@@ -21,8 +21,8 @@ from transformers import (
     Qwen3Config,
 )
 
-from ragsnap.engine import RagSnapEngine
-from ragsnap.models import LoadedModel
+from ragsnap.engine.engine import RagSnapEngine
+from ragsnap.runtime.loading.models import LoadedModel
 
 VOCAB = 96
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
@@ -96,7 +96,8 @@ def tiny_engine(
         revision="random",
         device=torch.device("cpu"),
     )
-    return RagSnapEngine(loaded)
+    # plain decoding: drafting is tested where a test turns it on
+    return RagSnapEngine(loaded, speculate=0, speculate_ngrams=False, commit_lookahead=False)
 
 
 def random_prompt(length: int, seed: int = 0) -> list[int]:

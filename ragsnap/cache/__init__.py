@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ragsnap.cache.factory import default_cache_url, open_store
-from ragsnap.cache.store import (
+from ragsnap.cache.backends.factory import default_cache_url, open_store
+from ragsnap.cache.backends.store import (
     CACHE_URL_ENV,
     DEFAULT_NAMESPACE,
     EntryKey,

@@ -21,8 +21,8 @@ from array import array
 from collections.abc import Sequence
 from typing import Any
 
+from ragsnap.cache.backends.store import DEFAULT_NAMESPACE, EntryKey
 from ragsnap.cache.serialization import KIND_COMPRESSED, KIND_DOCUMENT, KIND_PREFIX
-from ragsnap.cache.store import DEFAULT_NAMESPACE, EntryKey
 
 
 def normalize_question(question: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ragsnap.cache.store import EntryKey
+from ragsnap.cache.backends.store import EntryKey
 
 
 @dataclass

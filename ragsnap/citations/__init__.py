@@ -9,7 +9,7 @@ import torch
 
 from ragsnap.citations.markers import cited_indices
 from ragsnap.citations.model import Citation, Quote
-from ragsnap.documents import Document
+from ragsnap.prompt.documents import Document
 
 __all__ = ["Citation", "Quote", "cited_indices", "document_keep_shares", "extract_citations"]
 

@@ -32,8 +32,8 @@ from ragsnap.citations.overlap import SentenceIndex, question_relevance, titles_
 from ragsnap.citations.quotes import DocumentSentence, span_keep_share
 from ragsnap.citations.sentences import Sentence, content_words, split_sentences
 from ragsnap.citations.support import SupportRule, check_citations, check_sentence
-from ragsnap.documents import Document
 from ragsnap.errors import ConfigError
+from ragsnap.prompt.documents import Document
 
 
 @dataclass(frozen=True)

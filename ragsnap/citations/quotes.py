@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragsnap.citations.sentences import Sentence, split_sentences
-from ragsnap.documents import Document
-from ragsnap.prompt import encode_user_text_with_offsets, format_document
+from ragsnap.prompt.assembly import encode_user_text_with_offsets, format_document
+from ragsnap.prompt.documents import Document
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from ragsnap.citations.claims import Claim, claim_keys, claims
 from ragsnap.citations.model import Citation, Span
 from ragsnap.citations.sentences import Sentence
-from ragsnap.documents import Document
 from ragsnap.errors import ConfigError
+from ragsnap.prompt.documents import Document
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ragsnap.citations.claims import claims
 from ragsnap.citations.model import Citation
@@ -14,7 +14,16 @@ from ragsnap.citations.support import SupportRule
 
 if TYPE_CHECKING:
     from ragsnap.citations.options import CitationOptions
-    from ragsnap.events import DoneEvent
+
+
+class Judged(Protocol):
+    """What a verdict is given: an answer and its checked citations (a ``DoneEvent``)."""
+
+    answer: str
+    citations: list[Citation]
+
+
+Answer = TypeVar("Answer", bound=Judged)
 
 
 @dataclass(frozen=True)
@@ -55,7 +64,7 @@ def grounding(
     return Verdict(score >= rule.grounded_share, score, tuple(unsupported))
 
 
-def judge(done: DoneEvent, options: CitationOptions) -> DoneEvent:
+def judge(done: Answer, options: CitationOptions) -> Answer:
     """``done`` with its verdict; with ``unsupported="abstain"`` an answer that is not
     grounded becomes ``options.abstain_text`` (the model's answer kept in
     ``model_answer``). Model markers alone carry no evidence: no verdict."""

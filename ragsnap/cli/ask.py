@@ -14,16 +14,16 @@ from ragsnap.cli.options import (
     add_model_options,
     add_press_options,
     generation_from_args,
-    open_store_from_args,
     press_from_args,
 )
 from ragsnap.cli.progress import loading_model
 from ragsnap.compression.decode_snapkv import decode_compression
+from ragsnap.engine.options import add_config_options, config_from_args
 from ragsnap.errors import InputError
 
 if TYPE_CHECKING:
-    from ragsnap.events import DoneEvent
-    from ragsnap.stats import AnswerStats
+    from ragsnap.engine.events import DoneEvent
+    from ragsnap.engine.stats import AnswerStats
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,19 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also print the answer with [n] after each supported sentence",
     )
-    group.add_argument(
-        "--unsupported",
-        choices=("flag", "abstain"),
-        default="flag",
-        help="an answer its quotes do not back: flag it (grounded: no; default) or abstain "
-        "(the final answer becomes --abstain-text; the streamed tokens stay the model's)",
-    )
-    group.add_argument(
-        "--abstain-text",
-        default=None,
-        help='the answer that replaces one not grounded (default: "The documents do not '
-        'answer this.")',
-    )
+    add_config_options(group, ("unsupported", "abstain_text"))
     add_press_options(parser)
     add_document_order_option(parser)
     add_generation_options(parser)
@@ -87,42 +75,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragsnap.citations.options import ABSTAIN_TEXT, CitationOptions
-    from ragsnap.engine import AnswerOptions, RagSnapEngine
-    from ragsnap.events import DoneEvent, MetaEvent, TokenEvent
+    from ragsnap.cache import open_store
+    from ragsnap.citations.options import CitationOptions
+    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.engine.events import DoneEvent, MetaEvent, TokenEvent, event_payload
 
     if not args.question.strip():
         raise InputError("--question is empty", field="question")
     documents = gather_documents(args)
+    config = config_from_args(args)
     citations = CitationOptions(
         mode=args.citations,
         marker_control=args.marker_control,
         inline_markers=args.inline_markers,
-        unsupported=args.unsupported,
-        abstain_text=args.abstain_text or ABSTAIN_TEXT,
+        unsupported=config.unsupported,
+        abstain_text=config.abstain_text,
     )
-    options = AnswerOptions(
-        press=press_from_args(args),
-        generation=generation_from_args(args),
+    press = press_from_args(args, config)  # bad options fail before the model loads,
+    store = open_store(config.cache_url, key=config.cache_secret)  # and a bad cache URL
+    with loading_model(config.model, config.device):
+        engine = RagSnapEngine.from_config(config, store=store)
+    options = engine.default_options(
+        press=press,
+        generation=generation_from_args(args, config),
         citations=citations,
         decode_compression=decode_compression(args.decode_slack, args.decode_window),
-        document_order=args.document_order,
     )
-    store = open_store_from_args(args)
-    with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(
-            args.model,
-            device=args.device,
-            dtype=args.dtype,
-            matmul_precision=args.matmul_precision,
-            store=store,
-            prefix_cache=args.prefix_cache,
-            document_cache=args.document_cache,
-            recompute_share=args.recompute_share,
-            storage_dtype=args.storage_dtype,
-            speculate=args.speculate,
-            speculate_ngrams=args.speculate_ngrams,
-        )
     done: DoneEvent | None = None
     for event in engine.stream(args.question, documents, options, namespace=args.namespace):
         if isinstance(event, MetaEvent) and not args.json:
@@ -134,14 +112,7 @@ def run(args: argparse.Namespace) -> int:
             done = event
     assert done is not None
     if args.json:
-        payload = {
-            "answer": done.answer,
-            "citations": [c.to_dict() for c in done.citations],
-            "answer_with_markers": done.answer_with_markers,
-            **done.verdict(),  # grounded, grounded_score... (issue 43)
-            "stats": done.stats.to_dict(),
-        }
-        print(json.dumps(payload, indent=2))
+        print(json.dumps(event_payload(done), indent=2))
         return 0
     print()
     print_summary(done)
@@ -150,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
 
 def gather_documents(args: argparse.Namespace) -> list:  # type: ignore[type-arg]
     """``--docs`` files, then the ``--top-k`` best ``--corpus`` passages for the question."""
-    from ragsnap.documents import load_documents
+    from ragsnap.prompt.documents import load_documents
 
     documents = load_documents(args.docs)
     if getattr(args, "corpus", None):

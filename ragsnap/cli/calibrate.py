@@ -44,7 +44,7 @@ def add_held_out_arguments(parser: argparse.ArgumentParser, limit: int) -> None:
 
 def load_held_out(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
     """``(engine, items, request)``: the model and the ``--skip``/``--limit`` items."""
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
     from ragsnap.errors import ConfigError
     from ragsnap.eval.evaluate import EvalRequest, load_request_items
 
@@ -63,7 +63,11 @@ def load_held_out(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
     request.validate()
     with loading_model(args.model, args.device):
         engine = RagSnapEngine.load(
-            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            matmul_precision=args.matmul_precision,
+            cache_url="none",  # each press prefills the prompt itself
         )
     items = load_request_items(engine, request).items[args.skip : args.skip + args.limit]
     return engine, items, request

@@ -30,15 +30,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ragsnap.compression import make_press
-    from ragsnap.diagnostics import diagnose, plot_retention
-    from ragsnap.documents import load_documents
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.eval.diagnostics import diagnose, plot_retention
+    from ragsnap.prompt.documents import load_documents
 
     documents = load_documents(args.docs)
     presses = [make_press(name.strip(), budget=args.budget) for name in args.press.split(",")]
     with loading_model(args.model, args.device):
         engine = RagSnapEngine.load(
-            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            matmul_precision=args.matmul_precision,
+            cache_url="none",  # each press prefills the prompt itself
         )
     positions, diagnoses = diagnose(engine, args.question, documents, args.answer, presses)
     plot_retention(diagnoses, args.answer, args.out)

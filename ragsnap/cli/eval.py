@@ -12,6 +12,7 @@ from ragsnap.cli.options import (
     press_tuning_from_args,
 )
 from ragsnap.cli.progress import loading_model
+from ragsnap.engine.options import config_from_args
 from ragsnap.errors import InputError
 
 
@@ -134,11 +135,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
     from ragsnap.eval.evaluate import EvalRequest, evaluate
 
     if args.out is None:
         raise InputError("ragsnap eval needs --out DIR (or: ragsnap eval compare A B)", field="out")
+    # every item is a new prompt, and each press must prefill it: no KV cache
+    config = config_from_args(args, cache_url="none")
     request = EvalRequest(
         out=args.out,
         data=args.data,
@@ -154,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         decode_slack=args.decode_slack,
         decode_window=args.decode_window,
-        document_order=args.document_order,
+        document_order=config.document_order,
         context_tokens=args.context_tokens,
         types=args.types,
         haystack=args.haystack,
@@ -169,10 +172,8 @@ def run(args: argparse.Namespace) -> int:
     )
     request.validate()  # bad input fails before the model loads: options,
     request.check_data()  # and data that does not parse as the (guessed) format
-    with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(
-            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
-        )
+    with loading_model(config.model, config.device):
+        engine = RagSnapEngine.from_config(config)
     result = evaluate(engine, request)
     print(
         f"evaluated {result.evaluated} items ({result.resumed} already done, "

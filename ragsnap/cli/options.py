@@ -3,41 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import TYPE_CHECKING, Any
 
 from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
 from ragsnap.compression.propagate import without_propagation
+from ragsnap.engine.config import EngineConfig, configured
+from ragsnap.engine.options import (
+    CACHE_FIELDS,
+    DECODE_FIELDS,
+    MODEL_FIELDS,
+    add_config_options,
+    number_in,
+)
 from ragsnap.errors import ConfigError
-from ragsnap.generation import MAX_TEMPERATURE, SEED_MAX, SEED_MIN, GenerationConfig
-from ragsnap.models import MATMUL_PRECISIONS
-from ragsnap.prompt import DOCUMENT_ORDERS
-from ragsnap.runtime.drafts import DEFAULT_SPECULATE
+from ragsnap.runtime.generation import MAX_TEMPERATURE, SEED_MAX, SEED_MIN, GenerationConfig
 
 if TYPE_CHECKING:
-    from ragsnap.cache.store import KVStore
-
-
-STORAGE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
-
-
-def number_in(low: float, high: float, *, low_open: bool = False) -> Any:
-    """An argparse ``type``: a finite float in ``[low, high]`` (``(low, high]`` with
-    ``low_open``), refused while the command line is parsed (before any model loads)."""
-    import math
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        below = value <= low if low_open else value < low
-        if not math.isfinite(value) or below or value > high:
-            opening = "(" if low_open else "["
-            raise argparse.ArgumentTypeError(f"{text!r} is outside {opening}{low:g}, {high:g}]")
-        return value
-
-    return parse
+    from ragsnap.cache.backends.store import KVStore
 
 
 def seed_value(text: str) -> int:
@@ -52,37 +34,25 @@ def seed_value(text: str) -> int:
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        default="embedded",
-        help="'embedded' (SmolLM2-135M-Instruct, bundled), a Hugging Face id, a directory or a .gguf file",
-    )
-    parser.add_argument(
-        "--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:1..."
-    )
-    add_dtype_option(parser)
+    """``--model``, ``--device``, ``--dtype``, ``--matmul-precision`` (engine config fields)."""
+    add_config_options(parser, MODEL_FIELDS)
 
 
 def add_dtype_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dtype",
-        default=os.environ.get("RAGSNAP_DTYPE", "auto"),
-        help="compute dtype: auto (bfloat16 on CUDA and on CPUs with AMX, else float32), "
-        "float32, bfloat16 ($RAGSNAP_DTYPE)",
-    )
-    parser.add_argument(
-        "--matmul-precision",
-        default=os.environ.get("RAGSNAP_MATMUL_PRECISION", "auto"),
-        choices=MATMUL_PRECISIONS,
-        help="float32 CPU models: medium rounds the inputs of long products (prefill "
-        "linears and attention) to bfloat16, float32 accumulation; auto: medium on CPUs "
-        "with AVX512-BF16, else highest ($RAGSNAP_MATMUL_PRECISION)",
-    )
+    """``--dtype`` and ``--matmul-precision`` for benchmarks, their defaults resolved now
+    (``RAGSNAP_*``, else the config's)."""
+    add_config_options(parser, ("dtype", "matmul_precision"))
+    config = configured(EngineConfig)
+    parser.set_defaults(dtype=config.dtype, matmul_precision=config.matmul_precision)
 
 
 def add_press_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("compression")
-    group.add_argument("--press", default=DEFAULT_PRESS, help=f"one of: {', '.join(PRESSES)}")
+    group.add_argument(
+        "--press",
+        dest="default_press",
+        help=f"one of: {', '.join(PRESSES)} (default: {DEFAULT_PRESS}; $RAGSNAP_DEFAULT_PRESS)",
+    )
     size = group.add_mutually_exclusive_group()
     size.add_argument(
         "--budget", type=int, help="tokens kept per KV head, window included (default 512)"
@@ -139,13 +109,7 @@ def add_press_tuning_options(group: argparse._ActionsContainer) -> None:
         help="query-aware prefill: share of the prompt's tokens past layer S, in (0, 1] "
         "(default: the model's calibrated p; implies propagation)",
     )
-    group.add_argument(
-        "--full-prefill",
-        action="store_true",
-        default=None,
-        help="force the full prefill path: a press that propagates runs without it "
-        "($RAGSNAP_FULL_PREFILL=1)",
-    )
+    add_config_options(group, ("full_prefill",))
     group.add_argument(
         "--decode-slack",
         type=int,
@@ -173,27 +137,13 @@ def press_tuning_from_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def full_prefill_forced(flag: bool | None = None) -> bool:
-    """Whether the full prefill path is forced: ``--full-prefill`` (``flag``), else
-    ``$RAGSNAP_FULL_PREFILL`` (1/true/yes/on)."""
-    if flag:
-        return True
-    return os.environ.get("RAGSNAP_FULL_PREFILL", "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def add_document_order_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--document-order",
-        choices=DOCUMENT_ORDERS,
-        default="relevance",
-        help="relevance: by BM25 relevance to the question, the most relevant last (default); "
-        "given: as listed (the same document prefix for every question)",
-    )
+    add_config_options(parser, ("document_order",))
 
 
 def add_generation_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("generation")
-    group.add_argument("--max-new-tokens", type=int, default=128, help="longest answer, in tokens")
+    add_config_options(group, ("default_max_new_tokens",))
     group.add_argument(
         "--temperature",
         type=number_in(0.0, MAX_TEMPERATURE),
@@ -214,39 +164,23 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="end the answer before this text (repeatable, at most 4), as the API's `stop`",
     )
-    group.add_argument(
-        "--speculate",
-        type=int,
-        default=DEFAULT_SPECULATE,
-        help="drafted tokens a greedy answer feeds per decode step, checked in the same "
-        f"pass (default {DEFAULT_SPECULATE}; 0: off; the answer is the same)",
-    )
-    group.add_argument(
-        "--speculate-ngrams",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="also draft what followed the answer's last tokens in the prompt or the answer "
-        "(default on)",
-    )
+    add_config_options(group, DECODE_FIELDS)
 
 
-def press_from_args(args: argparse.Namespace) -> Press:
-    options = {"budget": args.budget, "ratio": args.ratio, **press_tuning_from_args(args)}
-    if args.press == "full":
+def press_from_args(args: argparse.Namespace, config: EngineConfig) -> Press:
+    """The press the flags name, else the config's default press."""
+    name = args.default_press or config.default_press
+    if name == "full":
         return make_press("full")
     if args.budget is not None and args.budget < 1:
         raise ConfigError(f"--budget must be positive, got {args.budget}", field="budget")
-    press = make_press(args.press, **options)
-    if full_prefill_forced(getattr(args, "full_prefill", None)):
-        return without_propagation(press)
-    return press
+    press = make_press(name, budget=args.budget, ratio=args.ratio, **press_tuning_from_args(args))
+    return without_propagation(press) if config.full_prefill else press
 
 
-def generation_from_args(args: argparse.Namespace) -> GenerationConfig:
-    if not 0 <= args.speculate <= 16:
-        raise ConfigError(f"--speculate must be 0-16, got {args.speculate}", field="speculate")
+def generation_from_args(args: argparse.Namespace, config: EngineConfig) -> GenerationConfig:
     return GenerationConfig(
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=args.default_max_new_tokens or config.default_max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
@@ -256,48 +190,16 @@ def generation_from_args(args: argparse.Namespace) -> GenerationConfig:
 
 def add_cache_options(parser: argparse.ArgumentParser, *, prefix_flag: bool = True) -> None:
     group = parser.add_argument_group("cache")
-    group.add_argument(
-        "--cache",
-        metavar="URL|none",
-        help="KV store: redis://..., rediss://..., unix://..., file://DIR or none "
-        "(default: $RAGSNAP_CACHE_URL, else a file store under the user cache directory)",
-    )
+    add_config_options(group, ("cache_url",))
     group.add_argument("--namespace", default="default", help="cache namespace (tenant)")
     if prefix_flag:
-        group.add_argument(
-            "--prefix-cache",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="also keep the full KV of the document prefix, so a new question over the "
-            "same documents prefills only its own tokens",
-        )
-        group.add_argument(
-            "--document-cache",
-            action=argparse.BooleanOptionalAction,
-            default=False,
-            help="also keep each document's KV, reused (approximately: re-encoded, a share "
-            "recomputed) in new combinations and orders",
-        )
-        group.add_argument(
-            "--recompute-share",
-            type=number_in(0.0, 1.0),
-            default=float(os.environ.get("RAGSNAP_REUSE_RECOMPUTE", "0.15")),
-            metavar="S",
-            help="share of reused document tokens recomputed with the full context "
-            "(0: plain concatenation, 1: as a cold prefill; default $RAGSNAP_REUSE_RECOMPUTE "
-            "or 0.15)",
-        )
-        group.add_argument(
-            "--storage-dtype",
-            choices=STORAGE_DTYPES,
-            default=os.environ.get("RAGSNAP_STORAGE_DTYPE", "auto"),
-            help="dtype of stored KV entries: auto (the model's), bfloat16, float16, or int8 "
-            "(one float32 scale per head and token: a quarter of float32's bytes; "
-            "$RAGSNAP_STORAGE_DTYPE)",
-        )
+        add_config_options(group, CACHE_FIELDS[1:])
 
 
 def open_store_from_args(args: argparse.Namespace) -> KVStore:
+    """The KV store ``--cache`` (else ``RAGSNAP_CACHE_URL``...) names, sealed with
+    ``RAGSNAP_CACHE_KEY`` when set."""
     from ragsnap.cache import open_store
 
-    return open_store(args.cache)
+    config = configured(EngineConfig, cache_url=args.cache_url)
+    return open_store(config.cache_url, key=config.cache_secret)

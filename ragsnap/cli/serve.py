@@ -11,10 +11,16 @@ import logging
 import sys
 from typing import Any
 
-from ragsnap.cli.options import STORAGE_DTYPES
 from ragsnap.cli.progress import loading_model
-from ragsnap.models import MATMUL_PRECISIONS
-from ragsnap.runtime.drafts import DEFAULT_SPECULATE
+from ragsnap.engine.options import (
+    CACHE_FIELDS,
+    DECODE_FIELDS,
+    MODEL_FIELDS,
+    SERVED_FIELDS,
+    add_config_options,
+    config_from_args,
+    given_fields,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,23 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default 8000)")
+    add_config_options(parser, (*MODEL_FIELDS, *CACHE_FIELDS, *DECODE_FIELDS, *SERVED_FIELDS))
     parser.add_argument(
-        "--model", help="'embedded' (default), a Hugging Face id, a directory or a .gguf"
+        "--corpus",
+        dest="corpus_dir",
+        metavar="DIR",
+        help="folder the `query` field searches (BM25)",
     )
-    parser.add_argument("--device", help="auto (default), cpu, cuda, cuda:1...")
-    parser.add_argument(
-        "--dtype", help="auto (default: bfloat16 on CUDA and on CPUs with AMX), float32, bfloat16"
-    )
-    parser.add_argument(
-        "--matmul-precision",
-        choices=MATMUL_PRECISIONS,
-        help="float32 CPU models: medium rounds the inputs of long products to bfloat16 "
-        "(default auto: medium on CPUs with AVX512-BF16)",
-    )
-    parser.add_argument(
-        "--cache", metavar="URL", help="KV cache store: redis://..., file:///dir or none"
-    )
-    parser.add_argument("--corpus", metavar="DIR", help="folder the `query` field searches (BM25)")
     parser.add_argument(
         "--max-queue", type=int, help="requests allowed to wait (default 8); more get 429"
     )
@@ -48,12 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="most requests decoded together (default 8; 1: one at a time); with "
         "--kv-memory-gib a ceiling, memory the constraint",
-    )
-    parser.add_argument(
-        "--storage-dtype",
-        choices=STORAGE_DTYPES,
-        help="dtype of stored KV entries (default auto: the model's; int8: one float32 scale "
-        "per head and token; $RAGSNAP_STORAGE_DTYPE)",
     )
     parser.add_argument(
         "--kv-memory-gib",
@@ -72,43 +62,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="torch threads while a prompt prefills (default: every core the server may "
         "run on); decode steps keep --threads",
-    )
-    parser.add_argument(
-        "--prefix-memory-mb",
-        type=int,
-        help="document prefixes kept in this process's memory in front of the cache store, "
-        "most recently used first (default 1024; 0: off)",
-    )
-    parser.add_argument(
-        "--hit-memory-mb",
-        type=int,
-        help="compressed entries kept loaded in this process's memory once read or written, "
-        "most recently used first (default 256; 0: off)",
-    )
-    parser.add_argument(
-        "--speculate",
-        type=int,
-        help="drafted tokens a greedy answer feeds per decode step (default "
-        f"{DEFAULT_SPECULATE}; 0: off)",
-    )
-    parser.add_argument(
-        "--commit-lookahead",
-        action=argparse.BooleanOptionalAction,
-        help="greedy answers start with the tokens the lookahead press drafted on the full "
-        "cache, kept unchecked (default on)",
-    )
-    parser.add_argument(
-        "--speculate-ngrams",
-        action=argparse.BooleanOptionalAction,
-        help="also draft what followed the answer's last tokens in the prompt or the answer "
-        "(default on)",
-    )
-    parser.add_argument(
-        "--full-prefill",
-        action="store_true",
-        default=None,
-        help="force the full prefill path: presses that propagate (query-aware prefill) run "
-        "without it ($RAGSNAP_FULL_PREFILL)",
     )
     ray = parser.add_argument_group("Ray Serve (pip install 'ragsnap[ray]')")
     ray.add_argument(
@@ -138,53 +91,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def given_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings the options name (the rest comes from the environment)."""
-    given = {
-        "host": args.host,
-        "port": args.port,
-        "model": args.model,
-        "device": args.device,
-        "dtype": args.dtype,
-        "matmul_precision": args.matmul_precision,
-        "cache_url": args.cache,
-        "corpus_dir": args.corpus,
-        "max_queue": args.max_queue,
-        "max_batch": args.max_batch,
-        "kv_memory_gib": args.kv_memory_gib,
-        "storage_dtype": args.storage_dtype,
-        "step_tokens": args.step_tokens,
-        "prefill_threads": args.prefill_threads,
-        "prefix_memory_mb": args.prefix_memory_mb,
-        "hit_memory_mb": args.hit_memory_mb,
-        "speculate": args.speculate,
-        "speculate_ngrams": args.speculate_ngrams,
-        "commit_lookahead": args.commit_lookahead,
-        "full_prefill": args.full_prefill,
-    }
-    return {k: v for k, v in given.items() if v is not None}
-
-
 def settings_from_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """Settings from the environment, overridden by the options given."""
-    from pydantic import ValidationError
-
+    """Settings from the options given, over ``RAGSNAP_*`` and the defaults."""
     from ragsnap.api.settings import Settings
-    from ragsnap.errors import ConfigError
 
-    try:
-        return Settings(**given_settings(args))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        name = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"setting {name}: {first['msg']}", field=name) from None
+    return config_from_args(args, Settings)
 
 
 def keep_threads_for_the_scheduler(settings: Any) -> Any:
     """Settings whose decode threads are this process's torch threads (unless set), after
     moving this thread (the HTTP server's) to one torch thread: on a small machine, a
     second thread computing on several would slow the scheduler's decode steps (see
-    :meth:`ragsnap.scheduler.Scheduler.start`)."""
+    :meth:`ragsnap.engine.scheduler.Scheduler.start`)."""
     import torch
 
     decode = settings.decode_threads or torch.get_num_threads()
@@ -209,11 +127,11 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "ray", False):
         from ragsnap.cli.serve_ray import run_on_ray
 
-        return run_on_ray(args, settings, given_settings(args))
+        return run_on_ray(args, settings, given_fields(args, type(settings)))
     logging.getLogger("ragsnap").setLevel(logging.INFO)  # the one-line-per-request access log
-    settings = keep_threads_for_the_scheduler(settings)
     with loading_model(settings.model, settings.device):
         engine = load_engine(settings)  # fails here, with one clear line, before binding
+    settings = keep_threads_for_the_scheduler(settings)
     app = create_app(settings, engine=engine)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.auth_enabled else "no API key"
     where = f"http://{settings.host}:{settings.port}"

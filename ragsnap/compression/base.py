@@ -82,12 +82,14 @@ class LayerContext:
     hidden_states: torch.Tensor  # [B, q, hidden]
     position_embeddings: tuple[torch.Tensor, torch.Tensor]  # ([B, q, D], [B, q, D])
     word_starts: torch.Tensor | None = None  # [L] bool: position starts a whitespace-delimited word
-    roles: torch.Tensor | None = None  # [L] uint8 TokenRole codes (ragsnap.structure), or None
+    roles: torch.Tensor | None = (
+        None  # [L] uint8 TokenRole codes (ragsnap.prompt.structure), or None
+    )
     protected: torch.Tensor | None = (
         None  # [L] bool: positions a press must keep (KeepInstructionPress)
     )
     focus: torch.Tensor | None = (
-        None  # [L] uint8 tiers of the records the question names (ragsnap.lookup)
+        None  # [L] uint8 tiers of the records the question names (ragsnap.prompt.focus)
     )
     priority: torch.Tensor | None = (
         None  # [L] uint8 tiers a press ranks first, higher first (LookupFocusPress)

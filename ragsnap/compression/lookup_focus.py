@@ -2,7 +2,7 @@
 
 On structured documents a small model's question attention barely singles out the record
 it asks about ("what is the value of key K"), so at a 5% budget the asked value is lost
-among all the others. :mod:`ragsnap.lookup` finds that record lexically (the question's
+among all the others. :mod:`ragsnap.prompt.focus` finds that record lexically (the question's
 words against the document's parsed keys, attribute values and cells) and tags its tokens
 with tiers (``LayerContext.focus``); this wrapper makes the wrapped press rank them first.
 """

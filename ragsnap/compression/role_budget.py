@@ -3,7 +3,7 @@
 On JSON, XML and tables the observation window's attention mass favours delimiters and
 keys (about 40x the mass of a value token), so plain top-k keeps the scaffolding and drops
 the values an answer needs. Each token role (:class:`~ragsnap.compression.roles.TokenRole`,
-from :mod:`ragsnap.structure`) gets its share of the budget instead, and inside each role
+from :mod:`ragsnap.prompt.structure`) gets its share of the budget instead, and inside each role
 the wrapped scorer's own ranking decides; a role with fewer tokens than its share hands the
 rest to the others in proportion to their shares.
 """

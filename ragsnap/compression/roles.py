@@ -2,7 +2,7 @@
 
 Attention-mass selection on structured text keeps delimiters and keys and drops the values
 an answer needs (delimiters draw about 40x the mass of values); role-conditioned presses
-give each role its own share of the budget. :mod:`ragsnap.structure` tags prompts with these
+give each role its own share of the budget. :mod:`ragsnap.prompt.structure` tags prompts with these
 codes, one per prompt position (``[L]`` ``torch.uint8``), and the engine hands them to
 presses as ``LayerContext.roles``.
 """

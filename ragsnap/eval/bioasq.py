@@ -15,9 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ragsnap.documents import Document
 from ragsnap.errors import InputError
 from ragsnap.eval.items import EvalItem, LoadedItems, Malformed
+from ragsnap.prompt.documents import Document
 
 BIOASQ_TYPES = ("yesno", "factoid", "list", "summary")
 

@@ -21,7 +21,7 @@ from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.errors import ConfigError
 from ragsnap.eval.fidelity import fidelities, full_reference
 from ragsnap.eval.items import EvalItem
-from ragsnap.generation import GenerationConfig
+from ragsnap.runtime.generation import GenerationConfig
 
 
 @dataclass
@@ -49,7 +49,7 @@ def item_layer_kl(
     layout = engine.build_prompt(
         item.question, item.documents, generation, answer_prefix=item.answer_prefix
     )
-    num_layers = engine.model.config.num_hidden_layers
+    num_layers = engine.loaded.model.config.num_hidden_layers
     presses: list[Press] = [FullPress()] + [
         SingleLayerPress(base=SnapKVPress(budget=budget), layer=i) for i in range(num_layers)
     ]
@@ -73,9 +73,9 @@ def calibrate_layers(
     Items already in ``previous`` are skipped, so an interrupted or extended calibration
     resumes.
     """
-    fingerprint = model_fingerprint(engine.model.config)
+    fingerprint = model_fingerprint(engine.loaded.model.config)
     done: list[str] = []
-    sums = [0.0] * engine.model.config.num_hidden_layers
+    sums = [0.0] * engine.loaded.model.config.num_hidden_layers
     if previous is not None:
         if previous.model != fingerprint or previous.budget != budget:
             raise ConfigError(

@@ -26,7 +26,7 @@ from ragsnap.citations.attribution import (
 from ragsnap.citations.model import Citation
 from ragsnap.citations.quotes import document_sentences
 from ragsnap.eval.metrics import contains_any
-from ragsnap.prompt import PromptLayout
+from ragsnap.prompt.assembly import PromptLayout
 from ragsnap.runtime.prefill import PrefillResult
 
 # one kind of evidence alone (thresholds calibrated like the combined weights; README)

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ragsnap.documents import Document
 from ragsnap.errors import InputError
 from ragsnap.eval.items import ITEM_TYPES, EvalItem, LoadedItems, Malformed
+from ragsnap.prompt.documents import Document
 
 FORMATS = ("bioasq", "jsonl", "hotpotqa", "pubmedqa", "niah", "structured", "kvretrieval")
 DATA_FORMATS = ("bioasq", "jsonl", "hotpotqa", "pubmedqa", "kvretrieval")  # read from --data

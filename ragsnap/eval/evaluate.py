@@ -24,8 +24,8 @@ from ragsnap.eval.report import (
 )
 from ragsnap.eval.runner import output_dir, run_items, select_records
 from ragsnap.eval.store import PredictionStore, check_settings
-from ragsnap.generation import GenerationConfig
-from ragsnap.prompt import DocumentOrder
+from ragsnap.prompt.assembly import DocumentOrder
+from ragsnap.runtime.generation import GenerationConfig
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ def load_request_items(engine: Any, request: EvalRequest) -> LoadedItems:
             answer_prefix=request.answer_prefix,
         )
 
-    from ragsnap.prompt import encode_user_text
+    from ragsnap.prompt.assembly import encode_user_text
 
     @cache
     def count_tokens(text: str) -> int:

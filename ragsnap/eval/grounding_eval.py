@@ -22,10 +22,10 @@ from typing import Any
 from ragsnap.citations.sentences import Sentence
 from ragsnap.citations.support import check_sentence
 from ragsnap.citations.verdict import grounding
-from ragsnap.documents import Document
+from ragsnap.engine.events import DoneEvent
 from ragsnap.eval.items import EvalItem
 from ragsnap.eval.metrics import contains_any
-from ragsnap.events import DoneEvent
+from ragsnap.prompt.documents import Document
 
 
 def without_gold(
@@ -74,8 +74,8 @@ def check_seconds(done: DoneEvent, question: str, documents: Sequence[Document])
 def run_items(engine: Any, items: Sequence[EvalItem], budget: int, max_new_tokens: int) -> list:
     """One row per item: correct, grounded, score and timings."""
     from ragsnap.compression import make_press
-    from ragsnap.engine import AnswerOptions
-    from ragsnap.generation import GenerationConfig
+    from ragsnap.engine.engine import AnswerOptions
+    from ragsnap.runtime.generation import GenerationConfig
 
     options = AnswerOptions(
         press=make_press(budget=budget), generation=GenerationConfig(max_new_tokens=max_new_tokens)
@@ -123,7 +123,7 @@ def summarize(answerable: list[dict], unanswerable: list[dict]) -> dict[str, Any
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ragsnap.engine import RagSnapEngine
+    from ragsnap.engine.engine import RagSnapEngine
     from ragsnap.eval.datasets import load_items
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragsnap.documents import Document
+from ragsnap.prompt.documents import Document
 
 # How an item's answer is scored (see ragsnap.eval.metrics.score_answer).
 ITEM_TYPES = ("yesno", "factoid", "list", "summary", "short", "needle")

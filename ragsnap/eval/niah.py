@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ragsnap.documents import Document
 from ragsnap.errors import InputError
 from ragsnap.eval.items import EvalItem, LoadedItems, Malformed
-from ragsnap.prompt import assemble_prompt
+from ragsnap.prompt.assembly import assemble_prompt
+from ragsnap.prompt.documents import Document
 
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"

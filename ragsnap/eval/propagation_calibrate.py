@@ -23,9 +23,9 @@ from ragsnap.compression.layer_budgets import model_fingerprint
 from ragsnap.compression.propagate import PropagatePress
 from ragsnap.eval.fidelity import fidelities, full_reference
 from ragsnap.eval.items import EvalItem
-from ragsnap.generation import GenerationConfig
-from ragsnap.lookup import prompt_focus
-from ragsnap.structure import prompt_roles
+from ragsnap.prompt.focus import prompt_focus
+from ragsnap.prompt.structure import prompt_roles
+from ragsnap.runtime.generation import GenerationConfig
 
 TOLERANCE = 1.25
 
@@ -96,7 +96,7 @@ def calibrate_propagation(
 ) -> PropagationCalibration:
     """Sweep ``grid`` over ``items`` and choose ``(s, p)`` (see the module docstring); where
     no point holds the tolerance, the one with the lowest KL."""
-    num_layers = int(engine.model.config.num_hidden_layers)
+    num_layers = int(engine.loaded.model.config.num_hidden_layers)
     base_kls: list[float] = []
     kls: list[list[float]] = [[] for _ in grid]
     times: list[list[float]] = [[] for _ in grid]
@@ -127,7 +127,7 @@ def calibrate_propagation(
         else min(sweep, key=lambda p: p["kl"])
     )
     return PropagationCalibration(
-        model=model_fingerprint(engine.model.config),
+        model=model_fingerprint(engine.loaded.model.config),
         layer=int(best["layer"]),
         share=float(best["share"]),
         budget=budget,

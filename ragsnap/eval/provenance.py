@@ -15,8 +15,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import ragsnap
-
 
 def package_version(name: str) -> str | None:
     try:
@@ -38,7 +36,7 @@ def _git(root: Path, *args: str) -> str | None:
 def source_checkout(package_dir: Path | None = None) -> dict[str, Any] | None:
     """``{"commit": short sha, "dirty": bool}`` when the package runs from a git checkout
     (its parent folder is the work tree's top), else None (an installed wheel)."""
-    package_dir = package_dir or Path(ragsnap.__file__).resolve().parent
+    package_dir = package_dir or Path(__file__).resolve().parents[1]
     root = package_dir.parent
     top = _git(root, "rev-parse", "--show-toplevel")
     if top is None or Path(top).resolve() != root.resolve():
@@ -65,7 +63,7 @@ def provenance(
 
     loaded = getattr(engine, "loaded", None)
     return {
-        "ragsnap": ragsnap.__version__,
+        "ragsnap": _version(),
         "checkout": source_checkout(),
         "torch": torch.__version__,
         "transformers": package_version("transformers"),
@@ -82,3 +80,13 @@ def provenance(
         "layer_profile_digest": profile_digest(layer_profile or "auto"),
         "command": list(sys.argv if argv is None else argv),
     }
+
+
+def _version() -> str:
+    """The installed distribution's version (the source tree's when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ragsnap")
+    except PackageNotFoundError:
+        return "unknown"

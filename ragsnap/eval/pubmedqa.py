@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ragsnap.documents import Document
 from ragsnap.errors import InputError
 from ragsnap.eval.items import EvalItem, LoadedItems, Malformed
+from ragsnap.prompt.documents import Document
 
 DECISIONS = ("yes", "no", "maybe")
 # the model is told the three answers (as MIRAGE's options do): "maybe" is otherwise rare

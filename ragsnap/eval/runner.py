@@ -30,15 +30,15 @@ from ragsnap.eval.grid import GridPoint, press_grid
 from ragsnap.eval.items import EvalItem, Malformed
 from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_answer
 from ragsnap.eval.store import PredictionStore
-from ragsnap.generation import GenerationConfig
-from ragsnap.lookup import prompt_focus
-from ragsnap.prompt import (
+from ragsnap.prompt.assembly import (
     DocumentOrder,
     PromptLayout,
     encode_user_text_with_offsets,
     format_document,
 )
-from ragsnap.structure import prompt_roles
+from ragsnap.prompt.focus import prompt_focus
+from ragsnap.prompt.structure import prompt_roles
+from ragsnap.runtime.generation import GenerationConfig
 
 __all__ = ["EvalOutcome", "GridPoint", "evaluate_item", "press_grid", "run_items"]
 

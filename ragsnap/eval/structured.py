@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ragsnap.documents import Document
 from ragsnap.errors import InputError
 from ragsnap.eval.items import EvalItem, LoadedItems, Malformed
 from ragsnap.eval.niah import _ADJECTIVES, _NOUNS, item_rng
-from ragsnap.prompt import assemble_prompt
+from ragsnap.prompt.assembly import assemble_prompt
+from ragsnap.prompt.documents import Document
 
 STRUCTURES = ("nested-json", "compact-json", "xml", "table")
 QUESTION = "What is the value of key {key}?"

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ragsnap.documents import Document
 from ragsnap.errors import InputError
+from ragsnap.prompt.documents import Document
 from ragsnap.retrieval.corpus import DEFAULT_MAX_WORDS, load_corpus
 
 

@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from ragsnap.documents import Document
 from ragsnap.errors import InputError
+from ragsnap.prompt.documents import Document
 
 CORPUS_SUFFIXES = (".txt", ".md", ".jsonl")
 DEFAULT_MAX_WORDS = 160

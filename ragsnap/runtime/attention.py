@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ragsnap.bf16_matmuls import BF16_MATMULS, bf16_matmuls, medium_allowed
 from ragsnap.runtime.causal_sdpa import causal_chunk_sdpa, causal_offset
+from ragsnap.runtime.loading.bf16_matmuls import BF16_MATMULS, bf16_matmuls, medium_allowed
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 from ragsnap.compression.decode_snapkv import DecodeSnapKV, DecodeVotes
-from ragsnap.generation import GenerationConfig, TokenSampler
 from ragsnap.runtime.attention import observe_attention
 from ragsnap.runtime.drafts import Drafts
 from ragsnap.runtime.forward import BatchedKV, forward_rows
+from ragsnap.runtime.generation import GenerationConfig, TokenSampler
 from ragsnap.runtime.llama_pass import LlamaPass
 from ragsnap.runtime.prefill import PrefillResult
 

@@ -13,8 +13,6 @@ import torch
 from ragsnap.compression import Press
 from ragsnap.compression.propagate import propagation_of
 from ragsnap.compression.words import word_starts
-from ragsnap.generation import GenerationConfig, stop_token_ids
-from ragsnap.models import LoadedModel
 from ragsnap.runtime import blend as _blend
 from ragsnap.runtime import prefill as _prefill
 from ragsnap.runtime import tails as _tails
@@ -22,15 +20,17 @@ from ragsnap.runtime.answer_attention import answer_attention
 from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.decode import DecodeBatch
 from ragsnap.runtime.forward import sliding_windows
+from ragsnap.runtime.generation import GenerationConfig, stop_token_ids
 from ragsnap.runtime.kv import cache_from_layers
 from ragsnap.runtime.llama_pass import llama_pass_for
+from ragsnap.runtime.loading.models import LoadedModel
 from ragsnap.runtime.prefill import PrefillResult
 from ragsnap.runtime.propagation import forced_positions
 from ragsnap.runtime.teacher_force import teacher_force
 from ragsnap.runtime.threads import one_torch_thread
 
 if TYPE_CHECKING:
-    from ragsnap.prompt import PromptLayout
+    from ragsnap.prompt.assembly import PromptLayout
 
 
 class ModelRuntime:
@@ -102,8 +102,8 @@ class ModelRuntime:
     ) -> PrefillResult:
         """Prefill ``input_ids[start:]`` (on ``cache`` holding the first ``start``
         positions, when given) in chunks, compressing every layer with ``press`` at the end.
-        ``roles`` (``[L]``, :func:`ragsnap.structure.prompt_roles`) feeds role-aware presses,
-        ``focus`` (``[L]``, :func:`ragsnap.lookup.prompt_focus`) the lookup focus;
+        ``roles`` (``[L]``, :func:`ragsnap.prompt.structure.prompt_roles`) feeds role-aware presses,
+        ``focus`` (``[L]``, :func:`ragsnap.prompt.focus.prompt_focus`) the lookup focus;
         ``forced`` (``[L]`` bool) the positions a query-aware prefill always propagates."""
         return _prefill.prefill(
             self.model,

@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ragsnap.bf16_matmuls import medium_products
 from ragsnap.compression import CompressedLayer, Press, compression_hooks
 from ragsnap.compression.hooks import query_capture
 from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.compression.propagate import budget_need, propagation_of, voting_parameters
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_nbytes, derive_cache
+from ragsnap.runtime.loading.bf16_matmuls import medium_products
 from ragsnap.runtime.propagation import LayerSplit, select_tokens
 from ragsnap.runtime.reserved_cache import reserved
 
 if TYPE_CHECKING:
-    from ragsnap.prompt import PromptLayout
+    from ragsnap.prompt.assembly import PromptLayout
 
 
 def _sync(device: torch.device) -> None:
@@ -341,7 +341,7 @@ def prefill_full(
 ) -> torch.Tensor:
     """Full KV of ``input_ids`` into ``cache`` (no press), chunked; last logits ``[1, V]``.
     The pass over a document prefix: it runs inside
-    :func:`~ragsnap.bf16_matmuls.medium_products`."""
+    :func:`~ragsnap.runtime.loading.bf16_matmuls.medium_products`."""
     starts = chunk_starts(0, len(input_ids), chunk, 1)
     logits = torch.empty(0)
     with reserved(cache, len(input_ids)):

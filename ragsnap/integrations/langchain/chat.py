@@ -4,7 +4,7 @@ Documents come with the call (``chat.invoke(question, documents=docs)``), from a
 ``retriever`` (searched with a standalone question: the question after the previous user
 turns, or what ``standalone_question`` returns), or inside the messages, as the LCEL
 pattern ``{"context": retriever | format_docs, "question": RunnablePassthrough()} |
-prompt | chat`` puts them there; :mod:`ragsnap.conversation` says exactly how message
+prompt | chat`` puts them there; :mod:`ragsnap.prompt.chat` says exactly how message
 text becomes the question, instructions, history and documents. System instructions and
 earlier turns reach the prompt; ``stop`` cuts the answer. Tokens stream as
 ``AIMessageChunk``s; the last chunk carries ``usage_metadata`` and, in
@@ -21,7 +21,6 @@ import asyncio
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
-from dataclasses import asdict
 from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -41,12 +40,12 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
-from ragsnap.conversation import ChatMessageText, ParsedChat, parse_messages
-from ragsnap.documents import Document
+from ragsnap.engine.events import event_payload
 from ragsnap.errors import InputError, RagSnapError
-from ragsnap.events import AnswerEvent, DoneEvent, MetaEvent, TokenEvent
 from ragsnap.integrations.langchain.retriever import from_langchain_documents
-from ragsnap.prompt import DocumentOrder
+from ragsnap.prompt.assembly import DocumentOrder
+from ragsnap.prompt.chat import ChatMessageText, ParsedChat, parse_messages
+from ragsnap.prompt.documents import Document
 
 Event = tuple[str, dict[str, Any]]  # ("meta" | "token" | "citations" | "done", payload)
 # per-call keyword arguments ChatRagSnap understands; anything else is refused by name
@@ -54,18 +53,6 @@ CALL_KWARGS = frozenset({"documents", "model"})
 NOT_SUPPORTED = (
     "ChatRagSnap answers questions from documents with citations; it does not support {what}"
 )
-
-
-def _payload(event: AnswerEvent) -> dict[str, Any]:
-    if isinstance(event, MetaEvent):
-        return {k: v for k, v in asdict(event).items() if k != "type"}
-    if isinstance(event, TokenEvent):
-        return {"text": event.text}
-    if isinstance(event, DoneEvent):
-        citations = [c.to_dict() for c in event.citations]
-        stats = event.stats.to_dict()
-        return {"answer": event.answer, "citations": citations, "stats": stats, **event.verdict()}
-    return {"citations": [c.to_dict() for c in event.citations]}
 
 
 def _stream_error(body: dict[str, Any]) -> RagSnapError:
@@ -106,7 +93,7 @@ def message_text(message: BaseMessage, where: str) -> ChatMessageText:
 class ChatRagSnap(BaseChatModel):
     """ragsnap as a LangChain chat model.
 
-    Give ``engine`` (a loaded :class:`ragsnap.engine.RagSnapEngine`, used under a lock) or
+    Give ``engine`` (a loaded :class:`ragsnap.engine.engine.RagSnapEngine`, used under a lock) or
     ``base_url`` (a running ``ragsnap serve``, with ``api_key`` when it wants one).
     ``compression`` takes the API's fields (``press``, ``budget`` | ``ratio``, ``window``...).
     Without either, ``$RAGSNAP_BASE_URL`` (and ``$RAGSNAP_API_KEY``) are used.
@@ -124,20 +111,24 @@ class ChatRagSnap(BaseChatModel):
     """Turns the conversation into the retriever's query (e.g. an LLM chain); default:
     the question after the previous user turns."""
     compression: dict[str, Any] = Field(default_factory=dict)
-    document_order: DocumentOrder = "relevance"
+    document_order: DocumentOrder | None = None
     """``relevance``: the documents by relevance to the question, the most relevant last;
-    ``given``: as retrieved (one document prefix for every question)."""
+    ``given``: as retrieved (one document prefix for every question); None: the engine's
+    or the server's default."""
     model_name: str | None = Field(default=None, alias="model")
-    max_new_tokens: int = Field(default=128, ge=1, alias="max_tokens")
+    max_new_tokens: int | None = Field(default=None, ge=1, alias="max_tokens")
+    """None: the engine's or the server's default."""
     temperature: float = Field(default=0.0, ge=0)
     stop: list[str] | None = None
     namespace: str = "default"
     timeout: float = 300.0
     max_retries: int = Field(default=2, ge=0)  # connection retries against a server
     streaming: bool = False  # accepted for compatibility: invoke and stream answer alike
+    kept_tokens: bool = False
+    """Also return each document's kept-token map (``response_metadata["kept_token_map"]``)."""
     unsupported: Literal["flag", "abstain"] | None = None
     """An answer its quotes do not back (issue 43): ``flag`` it, or ``abstain``;
-    None: the server's default (in-process: ``flag``)."""
+    None: the engine's or the server's default."""
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
@@ -261,24 +252,29 @@ class ChatRagSnap(BaseChatModel):
     # -- event sources ---------------------------------------------------------------
 
     def _options(self, parsed: ParsedChat, stop: tuple[str, ...]) -> Any:
-        from ragsnap.compression import DEFAULT_PRESS, make_press
-        from ragsnap.engine import AnswerOptions
-        from ragsnap.generation import GenerationConfig
-
-        options = dict(self.compression)
-        press = make_press(options.pop("press", None) or DEFAULT_PRESS, **options)
-        generation = GenerationConfig(
-            max_new_tokens=self.max_new_tokens, temperature=self.temperature, stop=stop
-        )
+        """The engine's default options (its config) with what this model sets."""
         from ragsnap.citations.options import CitationOptions
+        from ragsnap.compression import make_press
+        from ragsnap.runtime.generation import GenerationConfig
 
-        return AnswerOptions(
-            press=press,
-            generation=generation,
-            chat=parsed.chat,
-            document_order=self.document_order,
-            citations=CitationOptions(unsupported=self.unsupported or "flag"),
+        config = self.engine.config
+        options = dict(self.compression)
+        name = options.pop("press", None)
+        given: dict[str, Any] = {"chat": parsed.chat, "kept_tokens": self.kept_tokens}
+        if name or options:
+            given["press"] = make_press(name or config.default_press, **options)
+        given["generation"] = GenerationConfig(
+            max_new_tokens=self.max_new_tokens or config.default_max_new_tokens,
+            temperature=self.temperature,
+            stop=stop,
         )
+        if self.document_order is not None:
+            given["document_order"] = self.document_order
+        if self.unsupported is not None:
+            given["citations"] = CitationOptions(
+                unsupported=self.unsupported, abstain_text=config.abstain_text
+            )
+        return self.engine.default_options(**given)
 
     def _local_events(
         self,
@@ -289,7 +285,7 @@ class ChatRagSnap(BaseChatModel):
     ) -> Generator[Event, None, None]:
         should_stop = halt.is_set if halt is not None else None
         with self._lock:
-            events = self.engine.stream(  # stop strings are the engine's (ragsnap.stopping)
+            events = self.engine.stream(  # stop strings are the engine's (ragsnap.engine.stopping)
                 parsed.question,
                 documents,
                 self._options(parsed, stop),
@@ -298,7 +294,7 @@ class ChatRagSnap(BaseChatModel):
             )
             try:
                 for event in events:
-                    yield event.type, _payload(event)
+                    yield event.type, event_payload(event)
             finally:
                 events.close()  # an abandoned stream stops generating
 
@@ -315,6 +311,7 @@ class ChatRagSnap(BaseChatModel):
             "temperature": self.temperature,
             "compression": self.compression or None,
             "document_order": self.document_order,
+            "kept_tokens": self.kept_tokens,
             "instructions": parsed.instructions or None,
             "history": [{"role": t.role, "content": t.text} for t in parsed.history] or None,
             "stop": list(stop) or None,
@@ -363,7 +360,7 @@ class ChatRagSnap(BaseChatModel):
     def _final_chunk(self, meta: dict[str, Any], done: dict[str, Any]) -> ChatGenerationChunk:
         stats = done["stats"]
         prompt, new = int(stats.get("prompt_tokens", 0)), int(stats.get("new_tokens", 0))
-        stopped = stats.get("stop_sequence") is not None or new < self.max_new_tokens
+        stopped = stats.get("finish_reason", "stop") == "stop"
         metadata = {
             "model_name": stats.get("model"),
             "finish_reason": "stop" if stopped else "length",
@@ -379,6 +376,8 @@ class ChatRagSnap(BaseChatModel):
             "unsupported_sentences": done.get("unsupported_sentences", []),
             "model_answer": done.get("model_answer"),
             "answer": done.get("answer"),
+            "answer_with_markers": done.get("answer_with_markers"),
+            "kept_token_map": done.get("kept_tokens"),  # with kept_tokens=True
         }
         usage = UsageMetadata(input_tokens=prompt, output_tokens=new, total_tokens=prompt + new)
         message = AIMessageChunk(

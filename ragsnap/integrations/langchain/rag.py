@@ -11,9 +11,9 @@ from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 
-from ragsnap.conversation import format_docs as format_ragsnap_docs
 from ragsnap.integrations.langchain.chat import ChatRagSnap
 from ragsnap.integrations.langchain.retriever import from_langchain_documents
+from ragsnap.prompt.chat import format_docs as format_ragsnap_docs
 
 
 def format_docs(documents: Sequence[LCDocument]) -> str:

@@ -17,8 +17,8 @@ from langchain_core.documents import Document as LCDocument
 from langchain_core.retrievers import BaseRetriever
 from pydantic import AliasChoices, ConfigDict, Field
 
-from ragsnap.documents import DOCUMENT_FORMATS, Document
 from ragsnap.errors import InputError
+from ragsnap.prompt.documents import DOCUMENT_FORMATS, Document
 from ragsnap.retrieval.bm25 import BM25Index
 from ragsnap.retrieval.corpus import DEFAULT_MAX_WORDS
 

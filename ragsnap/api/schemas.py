@@ -1,0 +1,335 @@
+"""Request and response bodies (pydantic v2). Fixed sanity caps live here; the limits an
+operator configures (:class:`ragsnap.api.settings.Settings`) are checked in :mod:`api.requests`."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from ragsnap.prompt.assembly import DocumentOrder
+from ragsnap.runtime.generation import GREEDY_BELOW, MAX_TEMPERATURE, SEED_MAX, SEED_MIN
+
+# hard caps, whatever the settings say (the configurable limits are tighter)
+_MAX_ID = 256
+_MAX_TITLE = 1_000
+_MAX_TEXT = 10_000_000
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _no_surrogates(value: str) -> str:
+    # JSON may escape a lone UTF-16 surrogate ("\\ud800"): not a character, not encodable
+    if _SURROGATE.search(value):
+        raise ValueError("contains a lone UTF-16 surrogate (not valid Unicode text)")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_surrogates)]
+TEMPERATURE = (
+    f"sampling temperature, 0 to {MAX_TEMPERATURE:g}; below {GREEDY_BELOW:g} decodes greedily"
+)
+TOP_P = "nucleus sampling: the smallest set of tokens whose probability reaches top_p (the most likely always stays)"
+SEED = "sampling seed, a signed 64-bit integer (-2**63 to 2**63-1)"
+UNSUPPORTED = (
+    "an answer its quotes do not back: flag it (grounded: false) or abstain (the answer "
+    "becomes the server's abstain_text, the model's kept as model_answer; streamed tokens "
+    "are never changed); default: the server's setting"
+)
+
+
+class DocumentIn(BaseModel):
+    """A document given with the request; ``id`` defaults to its position (``"1"``, ``"2"``...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: Text | Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = Field(
+        default=None, description="stable id, echoed in citations"
+    )
+    title: Text = Field(default="", max_length=_MAX_TITLE)
+    text: Text = Field(min_length=1, max_length=_MAX_TEXT)
+    format: Literal["json", "jsonl", "xml", "html", "markdown", "csv", "text"] | None = Field(
+        default=None,
+        description="how the text is structured (role-conditioned presses); omitted: detected",
+    )
+
+    @field_validator("id")
+    @classmethod
+    def _id_shape(cls, value: str | int | None) -> str | int | None:
+        if isinstance(value, str) and not 1 <= len(value) <= _MAX_ID:
+            raise ValueError(f"must be 1 to {_MAX_ID} characters")
+        return value
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+
+class CompressionIn(BaseModel):
+    """How to compress the prompt's KV cache (see ``ragsnap.compression``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    press: Text | None = Field(
+        default=None, min_length=1, max_length=64, description="default: ragsnap's default press"
+    )
+    budget: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="tokens kept per KV head"
+    )
+    ratio: float | None = Field(default=None, gt=0, le=1, description="share of the prompt kept")
+    window: int | None = Field(default=None, ge=1, le=4096)
+    kernel: int | None = Field(default=None, ge=1, le=257)
+    pooling: Literal["max", "avg"] | None = None
+    keep_instruction: bool | None = Field(
+        default=None, description="always keep the system instruction's tokens"
+    )
+    lookup: bool | None = Field(
+        default=None,
+        description="on structured documents, keep first the record the question names",
+    )
+    lookahead: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="the first N answer tokens, drafted on the full cache, vote with the "
+        "observation window (the default press drafts 8; 0 turns it off)",
+    )
+    propagate_layer: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="query-aware prefill: layers 1..s see every prompt token (default: the "
+        "model's calibrated s; giving it turns propagation on)",
+    )
+    propagate_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="query-aware prefill: share of the prompt's tokens past layer s",
+    )
+    full_prefill: bool | None = Field(
+        default=None, description="force the full prefill path (no query-aware prefill)"
+    )
+    decode_slack: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_536,
+        description="decode-phase SnapKV: select again once a layer holds this many entries "
+        "more than its prompt kept (off when unset)",
+    )
+    decode_window: int | None = Field(
+        default=None, ge=1, le=4096, description="last answer tokens that vote (default 16)"
+    )
+
+    @model_validator(mode="after")
+    def _one_size(self) -> CompressionIn:
+        if self.budget is not None and self.ratio is not None:
+            raise ValueError("give budget or ratio, not both")
+        return self
+
+
+class CitationsIn(BaseModel):
+    """How the answer is cited (see ``ragsnap.citations``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["attribution", "markers"] = Field(
+        default="attribution", description="evidence-based attribution, or model markers only"
+    )
+    marker_control: bool = Field(default=True, description="only given numbers may follow '['")
+    inline_markers: bool = Field(
+        default=False, description="answer_with_markers: [n] after each supported sentence"
+    )
+
+
+class RetrievalFields(BaseModel):
+    """Where the documents come from: given inline, or found by ``query`` in the corpus."""
+
+    documents: list[DocumentIn] | None = Field(default=None, max_length=10_000)
+    query: Text | None = Field(
+        default=None, min_length=1, max_length=4_000, description="search the corpus"
+    )
+    top_k: int | None = Field(
+        default=None, ge=1, le=1_000, description="passages taken from the corpus"
+    )
+    compression: CompressionIn | None = None
+    document_order: DocumentOrder | None = Field(
+        default=None,
+        description="relevance: the documents by BM25 relevance to the question, the most "
+        "relevant last, next to the question; given: as sent (the document prefix, and so "
+        "its cache entry, is then the same for every question); unset: the server's "
+        "document_order setting",
+    )
+
+
+class TurnIn(BaseModel):
+    """An earlier turn of the conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant"]
+    content: Text = Field(max_length=100_000)
+
+
+StopIn = str | list[str] | None
+
+
+class AnswerRequest(RetrievalFields):
+    """``POST /v1/answer``. ``instructions`` and ``history`` (a chat's own instructions and
+    earlier turns) go into the prompt before the question; ``stop`` cuts the answer;
+    ``citations`` chooses how the answer is attributed to documents."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instructions: Text | None = Field(default=None, max_length=100_000)
+    history: list[TurnIn] | None = Field(default=None, max_length=256)
+    stop: StopIn = None
+    citations: CitationsIn | None = None
+    unsupported: Literal["flag", "abstain"] | None = Field(
+        default=None,
+        description=UNSUPPORTED,
+    )
+
+    question: Text = Field(min_length=1, max_length=1_000_000)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    temperature: float = Field(
+        default=0.0, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False, description=TEMPERATURE
+    )
+    top_p: float = Field(default=1.0, gt=0, le=1, description=TOP_P)
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description=SEED)
+    stream: bool = False
+    kept_tokens: bool = Field(
+        default=False,
+        description="the done event (or the JSON answer) carries, per document, each token's "
+        "character span and the share of layers and KV heads that kept it",
+    )
+
+    @field_validator("question")
+    @classmethod
+    def _question_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+class KeptSpanOut(BaseModel):
+    """A document token: ``text[start:end]``; ``share`` of (layer, KV head) pairs kept it."""
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    share: float = Field(ge=0, le=1)
+
+
+class DocumentKeptTokensOut(BaseModel):
+    """The kept-token map of document ``index`` (1-based, as cited); ``spans`` cover its
+    tokens in the prompt (bounded by ``max_document_tokens``)."""
+
+    index: int = Field(ge=1)
+    doc_id: str
+    kept_share: float = Field(ge=0, le=1)
+    spans: list[KeptSpanOut]
+
+
+class AnswerResponse(BaseModel):
+    """The non-streaming answer: the same content as the ``meta`` and ``done`` events."""
+
+    answer: str
+    citations: list[dict[str, Any]]
+    meta: dict[str, Any]
+    stats: dict[str, Any]
+    answer_with_markers: str | None = None
+    kept_tokens: list[DocumentKeptTokensOut] | None = Field(
+        default=None, description="with kept_tokens: true"
+    )
+    grounded: bool | None = Field(
+        default=None, description="the quotes back the answer (None: nothing to check)"
+    )
+    grounded_score: float | None = Field(
+        default=None, ge=0, le=1, description="share of the answer's claims its quotes back"
+    )
+    unsupported_sentences: list[list[int]] = Field(
+        default_factory=list, description="[start, end] of answer sentences no quote backs"
+    )
+    model_answer: str | None = Field(
+        default=None, description="the model's answer, when unsupported=abstain replaced it"
+    )
+
+
+class SearchRequest(BaseModel):
+    """``POST /v1/search``: the corpus passages ``query`` finds (what ``query`` on
+    ``/v1/answer`` would put into the prompt)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: Text = Field(min_length=1, max_length=4_000)
+    top_k: int | None = Field(default=None, ge=1, le=1_000)
+
+
+class PassageOut(BaseModel):
+    id: str
+    title: str
+    text: str
+    score: float
+
+
+class SearchResponse(BaseModel):
+    passages: list[PassageOut]
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: Text = Field(max_length=_MAX_TEXT)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = Field(default=None, max_length=_MAX_TEXT)
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(RetrievalFields):
+    """``POST /v1/chat/completions``: OpenAI's body; ragsnap's fields ride along as extra
+    body fields (``documents`` | ``query``/``top_k``, ``compression``, ``sources``). Other
+    fields are kept in ``model_extra`` and refused unless they hold their "off" value
+    (:func:`ragsnap.api.openai_serving.refuse_unsupported`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Text = Field(min_length=1, max_length=256)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=256)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    temperature: float | None = Field(
+        default=None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False, description=TEMPERATURE
+    )
+    top_p: float | None = Field(default=None, gt=0, le=1, description=TOP_P)
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description=SEED)
+    n: int | None = Field(default=None, ge=1, le=1, description="one choice per request")
+    stop: StopIn = None
+    sources: bool = Field(default=False, description="append a Sources: list to the answer")
+    unsupported: Literal["flag", "abstain"] | None = Field(
+        default=None,
+        description=UNSUPPORTED,
+    )

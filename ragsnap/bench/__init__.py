@@ -1,1 +1,0 @@
-"""Benchmarks behind `ragsnap bench`."""

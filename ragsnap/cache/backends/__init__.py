@@ -1,0 +1,1 @@
+"""Stores of cache entries: the interface, the file and Redis stores, sealing and the URL factory."""

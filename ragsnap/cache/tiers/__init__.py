@@ -1,0 +1,1 @@
+"""Cache tiers: exact and prefix entries, per-document KV, and the in-memory maps in front of the store."""

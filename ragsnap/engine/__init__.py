@@ -1,0 +1,1 @@
+"""The engine: its configuration, the engine itself, decoding and the batching scheduler."""

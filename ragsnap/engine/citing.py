@@ -1,0 +1,85 @@
+"""What an engine adds to a decoded answer about its documents: the marker constraint
+while it decodes, its citations after, and the map of the tokens the press kept."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from ragsnap.citations import Citation
+from ragsnap.citations.attribution import default_attention_layers
+from ragsnap.citations.cite import cite_answer
+from ragsnap.citations.kept import DocumentKeptTokens, document_kept_tokens
+from ragsnap.citations.markers import MarkerConstraint, marker_candidates, vocabulary_texts
+from ragsnap.citations.verdict import judge
+from ragsnap.engine.events import CitationsEvent, DoneEvent
+from ragsnap.engine.prepared import PreparedAnswer
+from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
+from ragsnap.runtime.model_runtime import ModelRuntime
+
+
+class AnswerCiting:
+    """Citations of the answers of one runtime (its tokenizer's vocabulary read once)."""
+
+    def __init__(self, runtime: ModelRuntime, tokenizer: Any) -> None:
+        self.runtime = runtime
+        self.tokenizer = tokenizer
+        self._vocab_texts: list[str] | None = None
+        self._marker_candidates: list[int] = []
+
+    def logits_processor(self, prepared: PreparedAnswer) -> LogitsProcessor | None:
+        """The per-row decode constraint of ``prepared`` (marker control), or None."""
+        if not prepared.options.citations.marker_control:
+            return None
+        if self._vocab_texts is None:
+            self._vocab_texts = vocabulary_texts(self.tokenizer)
+            self._marker_candidates = marker_candidates(self._vocab_texts)
+        count = len(prepared.layout.documents)
+        return MarkerConstraint(self._vocab_texts, count, self._marker_candidates)
+
+    def cite(
+        self, prepared: PreparedAnswer, tokens: list[int]
+    ) -> tuple[list[Citation], str | None, float]:
+        """Citations of the answer ``tokens``, the answer with inline markers (when asked
+        for) and the seconds attribution took."""
+        started = time.perf_counter()
+        options = prepared.options.citations
+        attention = None  # weights that give attention no say skip its pass (its cost)
+        if options.mode != "markers" and prepared.layout.documents and options.weights.attention:
+            layers = options.attention_layers or default_attention_layers(len(self.runtime.windows))
+            attention = self.runtime.answer_attention(prepared.prefill, tokens, layers)
+        citations, marked = cite_answer(
+            self.tokenizer,
+            prepared.layout,
+            tokens,
+            prepared.question,
+            prepared.prefill.keep_rate(),
+            options,
+            attention,
+        )
+        return citations, marked, time.perf_counter() - started
+
+    def final_events(
+        self, prepared: PreparedAnswer, row: DecodeRow, ttft_s: float | None, model: str
+    ) -> tuple[CitationsEvent, DoneEvent]:
+        """The citations event and the final event of the answer ``row`` decoded: its
+        statistics, its verdict and, when asked for, abstention (issue 43; the streamed
+        tokens stay the model's) and the kept-token map."""
+        citations, marked, cite_s = self.cite(prepared, row.tokens)
+        done = DoneEvent(
+            answer=self.tokenizer.decode(row.tokens, skip_special_tokens=True),
+            citations=citations,
+            stats=prepared.stats(row, ttft_s, cite_s, model, str(self.runtime.device)),
+            answer_with_markers=marked,
+            kept_tokens=self.kept_map(prepared) if prepared.options.kept_tokens else None,
+        )
+        done = judge(done, prepared.options.citations)
+        return CitationsEvent(citations=citations, answer_with_markers=marked), done
+
+    def kept_map(self, prepared: PreparedAnswer) -> list[DocumentKeptTokens]:
+        """Per document, the share of layers and heads that kept each of its tokens."""
+        layout, prefill = prepared.layout, prepared.prefill
+        rate = prefill.keep_rate() if prefill.kept else torch.ones(layout.num_tokens)
+        return document_kept_tokens(self.tokenizer, layout.documents, layout.doc_spans, rate)

@@ -1,0 +1,644 @@
+"""Continuous batching: many requests decoding together on one engine, in one thread.
+
+Each step admits work up to a token budget: one decode token for every running request,
+plus a chunk of one waiting prompt's prefill (``step_tokens`` minus the running rows, or
+``IDLE_CHUNK`` when none is running). The
+prefill runs through the engine's cache tiers (a hit skips straight to decode), and
+between its chunks the running rows take their next decode step, so streams keep flowing
+while a new prompt prefills. Prefix hits (a new question over documents whose KV is
+stored) are finished in shared passes (one for their tails, one per drafted token; the
+running rows wait for them): a prefix hit waits (the running rows decoding meanwhile) until
+no request has arrived for ``gather_s`` (at most ``GATHER_MAX_S``) or the batch is full, so
+requests sent together share one group. A request that finishes or is cancelled
+leaves at the next step; a new one joins at the next step.
+
+Shorter prompts first, with aging: between two chunks of a prefill, the requests that
+wait are looked up; hits join or park at once, and a miss whose prompt is at most half of
+what the running prefill has left prefills right there, before the long prompt's next
+chunk. So a small request behind a long prompt waits about one chunk, however long that
+prompt is. A prefill lets through at most as many tokens of other prompts as it has
+itself, so it still ends within about twice its own time; a miss too long to go first
+waits at the head of the queue, its lookup kept. ``max_batch=1`` is the serial behaviour: one
+request at a time, start to finish.
+
+What follows an answer's last token (attribution of its citations, its stats) runs on a
+second thread, so the other rows do not wait for it. The entries an answer leaves to write
+(its compressed entry; a miss's document-prefix entry, the full KV of its documents, ~100 MB
+for 2K tokens in float32) are written on a third, after the answer's close (or its
+cancellation), once no prompt prefills or waits (at most ``STORE_DEFER_S`` later): on two
+cores, serializing and writing them during a prefill slowed that prefill by a quarter. The
+in-process prefix memory and unwritten entries serve requests for them meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ragsnap.engine.engine import (
+    AnswerOptions,
+    PendingAnswer,
+    PreparedAnswer,
+    RagSnapEngine,
+    TextStream,
+)
+from ragsnap.engine.events import AnswerEvent, TokenEvent
+from ragsnap.errors import KVMemoryError
+from ragsnap.prompt.assembly import PromptLayout
+from ragsnap.prompt.documents import Document
+from ragsnap.runtime.decode import DecodeRow
+from ragsnap.runtime.threads import one_torch_thread, torch_threads
+
+logger = logging.getLogger(__name__)
+
+
+# prefill chunk while no row decodes: no stream's token gap to protect
+IDLE_CHUNK = 1024
+# longest wait of a document-prefix write for a moment without prefill
+STORE_DEFER_S = 60.0
+# a prefix hit waits for companions until no request has arrived for this long...
+GATHER_S = 0.05
+# ...or it has waited this long (a group's shared passes cost about as much for 8 rows as
+# for one; without waiting, the first of 8 new questions sent at once started a group and
+# the others queued behind it for most of a second)
+GATHER_MAX_S = 0.5
+
+
+class Cancelled(Exception):
+    """The request being prefilled was cancelled between two chunks."""
+
+
+class Request(Protocol):
+    """What the scheduler needs of a request (the service's job implements it)."""
+
+    question: str
+    documents: Sequence[Document]
+    options: AnswerOptions
+    namespace: str
+
+    def is_cancelled(self) -> bool: ...
+
+    def started(self) -> None: ...
+
+    def emit(self, event: AnswerEvent) -> None: ...
+
+    def fail(self, error: Exception) -> None: ...
+
+    def close(self, outcome: str) -> None: ...
+
+
+@dataclass
+class _Running:
+    request: Request
+    prepared: PreparedAnswer
+    row: DecodeRow
+    text: TextStream
+    ttft_s: float | None = None
+    kv_bytes: int = 0  # KV memory held: its compressed cache and the tokens it may add
+
+
+@dataclass
+class StepStats:
+    """What the last steps looked like (for metrics): rows per decode step and its seconds."""
+
+    batch_size: int = 0
+    step_s: float = 0.0
+    steps: int = 0
+    on_step: Callable[[int, float], None] | None = field(default=None, repr=False)
+    # (prefix hits finished together, seconds they waited for companions)
+    on_group: Callable[[int, float], None] | None = field(default=None, repr=False)
+
+
+class Scheduler:
+    """Runs requests on ``engine`` with continuous batching (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: RagSnapEngine,
+        max_batch: int = 8,
+        step_tokens: int = 512,
+        idle_chunk: int = IDLE_CHUNK,
+        prefill_threads: int | None = None,
+        decode_threads: int | None = None,
+        gather_s: float = GATHER_S,
+        kv_memory_bytes: int | None = None,
+    ) -> None:
+        """``prefill_threads`` and ``decode_threads``: torch threads while a prompt prefills
+        and while rows decode (None: those of the thread creating the scheduler; see
+        ``runtime.threads``). ``gather_s``: the quiet time a prefix hit waits for
+        companions (0: none). ``kv_memory_bytes``: admission by KV memory (see
+        :meth:`kv_need`); None: by ``max_batch`` alone."""
+        if max_batch < 1 or step_tokens < 1 or idle_chunk < 1:
+            raise ValueError("max_batch, step_tokens and idle_chunk must be at least 1")
+        if gather_s < 0:
+            raise ValueError("gather_s must not be negative")
+        if prefill_threads is not None and prefill_threads < 1:
+            raise ValueError("prefill_threads must be at least 1")
+        if kv_memory_bytes is not None and kv_memory_bytes < 1:
+            raise ValueError("kv_memory_bytes must be at least 1")
+        self.engine = engine
+        self.prefill_threads = prefill_threads
+        # torch threads of the loop's decode steps (None: those of the thread creating it)
+        self.decode_threads = decode_threads or _current_torch_threads()
+        self.max_batch = max_batch
+        self.step_tokens = step_tokens
+        self.idle_chunk = idle_chunk
+        self.gather_s = gather_s
+        self.kv_memory_bytes = kv_memory_bytes
+        self.kv_bytes_per_token = engine.runtime.kv_bytes_per_token()
+        self._prefill_kv: list[int] = []  # KV bytes of the prompts prefilling now
+        self.batch = engine.runtime.decode_batch()
+        self.stats = StepStats()
+        self._waiting: deque[Request] = deque()
+        self._running: dict[int, _Running] = {}
+        self._next_key = 0
+        self._changed = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._finisher: ThreadPoolExecutor | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self.pending_writes = 0  # answers whose entries wait for the store thread
+        self._writes_lock = threading.Lock()
+        # set while no prompt is looked up or prefilled and none waits for it
+        self._no_prefill = threading.Event()
+        self._no_prefill.set()
+        self.prefilling: list[Request] = []  # being looked up, prefilled or finished
+        # prefix hits waiting for companions (see the module docstring), since when
+        self._parked: list[tuple[Request, PendingAnswer]] = []
+        self._parked_since = 0.0
+        self._last_submit = 0.0
+        # misses looked up between chunks but too long to go first: id(request) -> layout
+        self._deferred: dict[int, PromptLayout] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._stopping = False
+        # the helper threads compute on one torch thread: each thread that computes on more
+        # keeps an OpenMP team, and once the teams' threads outnumber the cores, libgomp
+        # stops spinning between parallel regions; a decode step (hundreds of short
+        # regions) then ran no faster on two threads than on one
+        self._finisher = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ragsnap-finish", initializer=one_torch_thread
+        )
+        self._writer = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ragsnap-store", initializer=one_torch_thread
+        )
+        self._thread = threading.Thread(target=self._run, name="ragsnap-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> list[Request]:
+        """Stop after the current step; returns the requests that never started."""
+        with self._changed:
+            self._stopping = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self._deferred.clear()
+            self._changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        if self._finisher is not None:  # answers already decoded still get their last events
+            self._finisher.shutdown(wait=True)
+            self._finisher = None
+        if self._writer is not None:  # and their entries are written
+            self._no_prefill.set()
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        return waiting
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def submit(self, request: Request) -> None:
+        with self._changed:
+            self._waiting.append(request)
+            self._last_submit = time.perf_counter()
+            self._no_prefill.clear()
+            self._changed.notify()
+
+    def waiting(self) -> list[Request]:
+        with self._changed:
+            return list(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running) + len(self.prefilling) + len(self._parked)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _next(self) -> Request | None:
+        """The next waiting request to admit, or None when the batch is full, none waits,
+        or parked prefix hits are due (:meth:`_gathered`)."""
+        with self._changed:
+            while not self._stopping:
+                while self._waiting and self._waiting[0].is_cancelled():
+                    cancelled = self._waiting.popleft()
+                    self._deferred.pop(id(cancelled), None)
+                    cancelled.close("cancelled")
+                if not self._waiting and not self.prefilling and not self._parked:
+                    self._no_prefill.set()
+                room = len(self._running) + len(self._parked) < self.max_batch
+                if self._waiting and room and self._head_fits():
+                    return self._waiting.popleft()
+                if self._running:
+                    return None
+                if self._parked:
+                    due = self._gathered()
+                    if due <= 0:
+                        return None
+                    self._changed.wait(due)
+                else:
+                    self._changed.wait()
+            return None
+
+    def _gathered(self) -> float:
+        """Seconds until the parked prefix hits are finished (<= 0: now): the batch is
+        full, no request arrived for ``gather_s``, or the first has waited ``GATHER_MAX_S``."""
+        if len(self._running) + len(self._parked) >= self.max_batch:
+            return 0.0
+        now = time.perf_counter()
+        return min(self._last_submit + self.gather_s, self._parked_since + GATHER_MAX_S) - now
+
+    def _run(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.decode_threads)  # this thread's OpenMP team, see start()
+        while not self._stopping:
+            request = self._next()
+            if request is not None:
+                self._admit(request)
+            elif self._parked and self._gathered() <= 0:
+                self._finish_parked()
+            elif self._running:
+                self._decode_step()
+        for running in list(self._running.values()):
+            self._end(running, "cancelled", cancelled=True)
+        for request, _ in self._parked:
+            request.close("cancelled")
+        self._parked = []
+
+    def _admit(self, request: Request) -> None:
+        """Look ``request`` up in the store: an exact hit joins the batch at once; a prefix
+        hit is parked to be finished with its companions; anything else prefills here (the
+        prefix hits parked before it first), the running rows decoding between its chunks."""
+        self.prefilling = [request]
+        self._no_prefill.clear()
+        try:
+            found = self._admissible(request)
+            if found is None:
+                if id(request) in self._deferred:  # it leads the queue until memory frees
+                    with self._changed:
+                        self._waiting.appendleft(request)
+                return
+            if isinstance(found, PromptLayout):
+                self._finish_parked()  # a prefill takes seconds: they do not wait for it
+                self.prefilling = [request]
+                self._prefill(request, found)
+            elif isinstance(found, PreparedAnswer):
+                self._join(request, found)
+            else:
+                if not self._parked:
+                    self._parked_since = time.perf_counter()
+                self._parked.append((request, found))
+        finally:
+            self.prefilling = []
+            with self._changed:
+                if not self._waiting and not self._parked:
+                    self._no_prefill.set()
+
+    def _admissible(self, request: Request) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
+        """``request``'s lookup (an earlier one is kept) when it may start now; None when it
+        closed, failed, or must wait for KV memory (its lookup then stays in ``_deferred``)."""
+        found = self._deferred.pop(id(request), None)
+        if found is None:
+            request.started()
+            found = self._lookup(request)
+        if found is None:
+            return None
+        allowed = self._memory_allows(request, found)
+        if allowed is False:
+            self._deferred[id(request)] = found
+        return found if allowed else None
+
+    def _lookup(self, request: Request) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
+        """The engine's lookup of ``request``; None when it was cancelled or failed."""
+        if request.is_cancelled():
+            request.close("cancelled")
+            return None
+        try:
+            return self.engine.lookup(
+                request.question, request.documents, request.options, request.namespace
+            )
+        except Exception as exc:
+            request.fail(exc)
+            return None
+
+    def _finish_parked(self) -> None:
+        """Finish the parked prefix hits in one group (the cancelled ones close)."""
+        parked, self._parked = self._parked, []
+        hits = []
+        for request, pending in parked:
+            if request.is_cancelled():
+                request.close("cancelled")
+            else:
+                hits.append((request, pending))
+        if not hits:
+            return
+        if self.stats.on_group is not None:
+            self.stats.on_group(len(hits), time.perf_counter() - self._parked_since)
+        self.prefilling = [request for request, _ in hits]
+        try:
+            self._finish_prefix_hits(hits)
+        finally:
+            self.prefilling = []
+
+    def _finish_prefix_hits(self, hits: list[tuple[Request, PendingAnswer]]) -> None:
+        try:
+            with torch_threads(self.prefill_threads):
+                prepared = self.engine.finish_prefix_hits([pending for _, pending in hits])
+        except Exception as exc:
+            for request, _ in hits:
+                request.fail(exc)
+            return
+        for (request, _), answer in zip(hits, prepared, strict=True):
+            if request.is_cancelled():
+                request.close("cancelled")
+                self._write_later(answer)
+            else:
+                self._join(request, answer)
+
+    def _prefill(self, request: Request, layout: PromptLayout, *, first: bool = True) -> None:
+        """Prefill ``request`` (decoding the running rows between its chunks) and add its row.
+        ``first``: shorter waiting prompts may go first between its chunks (not when this
+        prefill is itself one of those)."""
+        # the per-step token budget: one token per running row, the rest for the prefill chunk;
+        # with no stream waiting on it, larger chunks (still cancellable between them)
+        running = len(self._running)
+        chunk = (
+            max(32, self.step_tokens - running)
+            if running
+            else max(self.idle_chunk, self.step_tokens)
+        )
+        self.engine.runtime.chunk = chunk
+        left = [len(layout.input_ids), len(layout.input_ids)]  # tokens to go, tokens to let by
+
+        def between_chunks() -> None:
+            if request.is_cancelled():
+                raise Cancelled
+            if self._running:
+                with torch_threads(self.decode_threads):
+                    self._decode_step()
+            left[0] -= chunk
+            if first:
+                self._shorter_first(left)
+                self.engine.runtime.chunk = chunk
+
+        self._prefill_kv.append(self.kv_need(request, layout))
+        try:
+            with torch_threads(self.prefill_threads):
+                prepared = self.engine.prepare(
+                    request.question,
+                    request.documents,
+                    request.options,
+                    request.namespace,
+                    on_chunk=between_chunks,
+                    layout=layout,
+                )
+            if request.is_cancelled():
+                self._write_later(prepared)
+                raise Cancelled
+        except Cancelled:
+            request.close("cancelled")
+            return
+        except Exception as exc:
+            request.fail(exc)
+            return
+        finally:
+            self._prefill_kv.pop()
+        self._join(request, prepared)
+
+    # -- KV memory ------------------------------------------------------------------------
+
+    def kv_need(
+        self, request: Request, found: PreparedAnswer | PendingAnswer | PromptLayout
+    ) -> int:
+        """KV bytes ``request`` holds at most: an exact hit, its compressed cache; a prompt
+        to prefill (or a prefix hit to finish), the full KV of every prompt token; either
+        way, plus the tokens it may generate (every layer, every KV head)."""
+        new = request.options.generation.max_new_tokens * self.kv_bytes_per_token
+        if isinstance(found, PreparedAnswer):
+            return found.prefill.kv_bytes_kept + new
+        layout = found.layout if isinstance(found, PendingAnswer) else found
+        return layout.num_tokens * self.kv_bytes_per_token + new
+
+    def kv_bytes_in_use(self) -> int:
+        """KV bytes held by the running rows, the parked prefix hits and the prefills."""
+        rows = sum(running.kv_bytes for running in list(self._running.values()))
+        parked = sum(self.kv_need(request, pending) for request, pending in list(self._parked))
+        return rows + parked + sum(self._prefill_kv)
+
+    def _head_fits(self) -> bool:
+        """Whether the first waiting request fits the KV memory left (a request not looked
+        up yet is let through: its lookup tells what it needs)."""
+        if self.kv_memory_bytes is None:
+            return True
+        found = self._deferred.get(id(self._waiting[0]))
+        if found is None:
+            return True
+        need = self.kv_need(self._waiting[0], found)
+        return self.kv_bytes_in_use() + need <= self.kv_memory_bytes
+
+    def _memory_allows(
+        self, request: Request, found: PreparedAnswer | PendingAnswer | PromptLayout
+    ) -> bool | None:
+        """True: admit; False: wait for memory; None: refused (more than the whole budget)."""
+        if self.kv_memory_bytes is None:
+            return True
+        need = self.kv_need(request, found)
+        if need > self.kv_memory_bytes:
+            request.fail(
+                KVMemoryError(
+                    f"this request needs {need / 2**30:.3f} GiB of KV memory, more than the "
+                    f"server's whole KV memory of {self.kv_memory_bytes / 2**30:.3f} GiB "
+                    "(--kv-memory-gib, RAGSNAP_KV_MEMORY_GIB): send fewer or shorter "
+                    "documents, or ask for fewer max_new_tokens",
+                    field="documents",
+                )
+            )
+            return None
+        return self.kv_bytes_in_use() + need <= self.kv_memory_bytes
+
+    def _shorter_first(self, left: list[int]) -> None:
+        """Between two chunks of a prefill with ``left = [tokens to go, tokens it may still
+        let by]``: admit the waiting requests, in order, that are hits, or misses of at most
+        half the tokens to go (see the module docstring); the others keep their places."""
+        if self._parked and self._gathered() <= 0:
+            self._finish_parked_now()
+        with self._changed:
+            candidates, self._waiting = list(self._waiting), deque()
+        kept: list[Request] = []
+        for request in candidates:
+            if request.is_cancelled():
+                self._deferred.pop(id(request), None)
+                request.close("cancelled")
+                continue
+            room = len(self._running) + len(self._parked) + len(self.prefilling)
+            if room >= self.max_batch or self._stopping:
+                kept.append(request)
+                continue
+            found = self._admissible(request)
+            if found is None:
+                if id(request) in self._deferred:  # waits for KV memory
+                    kept.append(request)
+            elif isinstance(found, PreparedAnswer):
+                self._join(request, found)
+            elif isinstance(found, PendingAnswer):
+                if not self._parked:
+                    self._parked_since = time.perf_counter()
+                self._parked.append((request, found))
+            elif 2 * len(found.input_ids) <= left[0] and len(found.input_ids) <= left[1]:
+                left[1] -= len(found.input_ids)
+                outer, self.prefilling = self.prefilling, [*self.prefilling, request]
+                try:
+                    self._prefill(request, found, first=False)
+                finally:
+                    self.prefilling = outer
+                if self._running:  # its first token now, not after the long prompt's next chunk
+                    with torch_threads(self.decode_threads):
+                        self._decode_step()
+            else:  # too long to go first: it keeps its place, and its lookup
+                self._deferred[id(request)] = found
+                kept.append(request)
+        with self._changed:  # ahead of those submitted meanwhile
+            if self._stopping:  # stop() has handed back the queue it found
+                for request in kept:
+                    request.close("cancelled")
+            else:
+                self._waiting.extendleft(reversed(kept))
+
+    def _finish_parked_now(self) -> None:
+        """:meth:`_finish_parked` in the middle of another request's prefill."""
+        outer = self.prefilling
+        try:
+            self._finish_parked()
+        finally:
+            self.prefilling = outer
+
+    def _join(self, request: Request, prepared: PreparedAnswer) -> None:
+        """Add ``prepared``'s row to the batch: it decodes from the next step on."""
+        request.emit(prepared.meta())
+        key, self._next_key = self._next_key, self._next_key + 1
+        # a request may end its row early (stop strings matched in the text it emitted)
+        stop = getattr(request, "should_stop", None)
+        row = self.batch.add(
+            key,
+            prepared.prefill,
+            request.options.generation,
+            stop,
+            logits_processor=self.engine.logits_processor(prepared),
+            decode_compression=request.options.decode_compression,
+            context=prepared.layout.input_ids,
+        )
+        kv_bytes = self.kv_need(request, prepared)
+        self._running[key] = _Running(
+            request, prepared, row, TextStream(self.engine.tokenizer), kv_bytes=kv_bytes
+        )
+
+    def _decode_step(self) -> None:
+        for key, running in self._running.items():
+            if running.request.is_cancelled():
+                self.batch.cancel(key)
+        try:
+            outputs = self.batch.step()
+        except Exception as exc:  # the batch is unusable: every row fails, the loop goes on
+            logger.exception("decode step failed")
+            failed, self._running = list(self._running.values()), {}
+            self.batch = self.engine.runtime.decode_batch()
+            for running in failed:
+                running.request.fail(exc)
+            return
+        rows = len({out.key for out in outputs})  # a row may give several tokens (drafts)
+        self.stats.batch_size, self.stats.step_s = rows, self.batch.last_step_s
+        self.stats.steps += 1
+        if self.stats.on_step is not None:
+            self.stats.on_step(rows, self.batch.last_step_s)
+        now = time.perf_counter()
+        for out in outputs:
+            running = self._running[int(out.key)]  # type: ignore[call-overload]
+            if out.token is not None:
+                if running.ttft_s is None:
+                    running.ttft_s = now - running.prepared.started
+                if delta := running.text.push(out.token):
+                    running.request.emit(TokenEvent(text=delta))
+            if out.finish_reason is not None:
+                del self._running[int(out.key)]  # type: ignore[call-overload]
+                self._end(running, out.finish_reason, cancelled=out.finish_reason == "cancelled")
+
+    def _end(self, running: _Running, reason: str, *, cancelled: bool) -> None:
+        request = running.request
+        if cancelled:
+            request.close("cancelled")
+            self._write_later(running.prepared)
+            return
+        try:
+            if rest := running.text.flush():
+                request.emit(TokenEvent(text=rest))
+        except Exception as exc:
+            request.fail(exc)
+            return
+        if self._finisher is None:  # driven without start(): finish in this thread
+            self._finish(running)
+        else:
+            self._finisher.submit(self._finish, running)
+
+    def _finish(self, running: _Running) -> None:
+        """The citations and final events of a decoded answer, then the request's close."""
+        request = running.request
+        prepared = running.prepared
+        try:
+            citations, done = self.engine.finish(
+                prepared, running.row, running.ttft_s, store_pending=self._writer is None
+            )
+            request.emit(citations)
+            request.emit(done)
+        except Exception as exc:
+            request.fail(exc)
+        else:
+            request.close("ok")
+        self._write_later(prepared)
+
+    def _write_later(self, prepared: PreparedAnswer) -> None:
+        """Hand the entries ``prepared`` left to write to the store thread (written here
+        when the scheduler runs without threads)."""
+        if not prepared.report.pending:
+            return
+        if self._writer is None:
+            self.engine.store_pending(prepared)
+            return
+        with self._writes_lock:
+            self.pending_writes += 1
+        self._writer.submit(self._store_pending, prepared)
+
+    def _store_pending(self, prepared: PreparedAnswer) -> None:
+        """Write ``prepared``'s pending entries once no prompt prefills or waits (or at the
+        latest ``STORE_DEFER_S`` from now); store errors are logged by the tiers, never
+        raised."""
+        try:
+            self._no_prefill.wait(STORE_DEFER_S)
+            self.engine.store_pending(prepared)
+        finally:
+            with self._writes_lock:
+                self.pending_writes -= 1
+
+
+def _current_torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -1,0 +1,83 @@
+"""One answer on its own, in the caller's thread: prefill, decode, cite (the engine's
+``stream``; the scheduler drives the same stages for many requests at once)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from ragsnap.engine.events import AnswerEvent, TokenEvent
+from ragsnap.engine.prepared import AnswerOptions, TextStream
+from ragsnap.engine.stopping import apply_stop
+from ragsnap.prompt.documents import Document
+
+if TYPE_CHECKING:
+    from ragsnap.engine.engine import RagSnapEngine
+
+
+def stream_answer(
+    engine: RagSnapEngine,
+    question: str,
+    documents: Sequence[Document],
+    options: AnswerOptions,
+    should_stop: Callable[[], bool] | None = None,
+    namespace: str = "default",
+) -> Iterator[AnswerEvent]:
+    """Answer ``question`` over ``documents``: meta, token..., citations, done.
+
+    Closing the iterator (or ``should_stop()`` returning True) stops generation after the
+    current decode step. ``namespace`` separates tenants in the KV store. The answer ends
+    before the first of ``options.generation.stop`` it meets, as through the server
+    (:mod:`ragsnap.engine.stopping`).
+    """
+    if not options.generation.stop:
+        yield from _decode(engine, question, documents, options, should_stop, namespace)
+        return
+    matched = threading.Event()
+
+    def halt() -> bool:
+        return matched.is_set() or (should_stop is not None and should_stop())
+
+    events = _decode(engine, question, documents, options, halt, namespace)
+    try:
+        yield from apply_stop(events, options.generation.stop, matched.set)
+    finally:
+        events.close()
+
+
+def _decode(
+    engine: RagSnapEngine,
+    question: str,
+    documents: Sequence[Document],
+    options: AnswerOptions,
+    should_stop: Callable[[], bool] | None,
+    namespace: str,
+) -> Iterator[AnswerEvent]:
+    prepared = engine.prepare(question, documents, options, namespace)
+    yield prepared.meta()
+    batch = engine.runtime.decode_batch()
+    stop = (lambda _tokens: should_stop()) if should_stop is not None else None
+    row = batch.add(
+        0,
+        prepared.prefill,
+        options.generation,
+        stop,
+        engine.logits_processor(prepared),
+        decode_compression=options.decode_compression,
+        context=prepared.layout.input_ids,
+    )
+    text = TextStream(engine.tokenizer)
+    ttft: float | None = None
+    try:
+        for out in batch.run():
+            if out.token is not None:
+                ttft = ttft if ttft is not None else time.perf_counter() - prepared.started
+                if delta := text.push(out.token):
+                    yield TokenEvent(text=delta)
+        if rest := text.flush():
+            yield TokenEvent(text=rest)
+        yield from engine.finish(prepared, row, ttft)
+    finally:  # an iterator closed early still writes what the answer left to write
+        engine.store_pending(prepared)

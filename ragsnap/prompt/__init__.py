@@ -1,0 +1,1 @@
+"""The prompt: documents, assembly, roles and structure, the question's focus, chat messages."""

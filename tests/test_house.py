@@ -1,0 +1,152 @@
+"""The house: the package's folders show the data path, and imports run one way.
+
+Read from the source (no import): every ``import``, ``from ... import`` and
+``import_module("ragsnap...")`` of every module, those inside functions included (those
+under ``if TYPE_CHECKING:`` are annotations, not imports).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "ragsnap"
+
+# a package may import those of a lower rank, and its own modules (guide, section 10)
+RANKS = {
+    "errors": 0,
+    "compression": 1,
+    "prompt": 2,
+    "runtime": 3,
+    "citations": 3,
+    "retrieval": 3,
+    "cache": 4,
+    "engine": 5,
+    "api": 6,
+    "eval": 6,
+    "integrations": 6,
+    "cli": 7,
+    "__main__": 8,
+    "ragsnap": 9,  # the top-level names (``from ragsnap import RagSnapEngine``): users only
+}
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            inside |= {id(n) for child in node.body for n in ast.walk(child)}
+    return inside
+
+
+def _imports(module: str) -> set[str]:
+    """The ragsnap modules ``module`` imports (a name that is a submodule counts as it)."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    skip = _type_checking_nodes(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ragsnap"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("ragsnap")}
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module"):
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.Constant) and str(arg.value).startswith("ragsnap"):
+                found.add(str(arg.value))
+            elif isinstance(arg, ast.JoinedStr) and isinstance(arg.values[0], ast.Constant):
+                prefix = str(arg.values[0].value).rstrip(".")  # f"ragsnap.cli.{name}"
+                found |= {m for m in MODULES if m.startswith(prefix + ".")}
+    return {m for m in found if m in MODULES and m != module}
+
+
+GRAPH = {module: _imports(module) for module in MODULES}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "ragsnap"
+
+
+def test_at_most_eight_modules_at_the_package_root():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(loose) <= 8, loose
+    assert not (PACKAGE / "api").is_symlink()  # a real folder
+
+
+def test_every_package_imports_only_packages_below_it():
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        for target in targets
+        if _layer(module) != "ragsnap"  # the lazy top-level names of ``import ragsnap``
+        and _layer(target) != _layer(module)
+        and RANKS[_layer(target)] >= RANKS[_layer(module)]
+    ]
+    assert not upward, upward
+
+
+def test_no_import_cycle():
+    """Tarjan's strongly connected components: every one is a single module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in GRAPH[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(GRAPH):
+        if module not in index:
+            visit(module)
+    assert not cycles, cycles
+
+
+def test_the_engine_module_stays_small_and_nothing_outside_reaches_into_its_runtime():
+    assert len((PACKAGE / "engine" / "engine.py").read_text().splitlines()) <= 300
+    reach = defaultdict(list)
+    for module, path in MODULES.items():
+        if _layer(module) in ("api", "integrations", "cli") and "bench" not in module:
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if "engine.runtime" in line:
+                    reach[module].append(number)
+    assert not reach, dict(reach)
+
+
+def test_the_checks_see_what_they_look_for():
+    """The graph is read right: known imports, an f-string ``import_module``, and a
+    ``TYPE_CHECKING`` import left out."""
+    assert "ragsnap.engine.engine" in GRAPH["ragsnap.api.services"]
+    assert "ragsnap.cli.bench.peer" in GRAPH["ragsnap.cli.bench"]
+    assert "ragsnap.engine.engine" not in GRAPH["ragsnap.engine.single_answer"]
