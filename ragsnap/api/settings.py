@@ -18,8 +18,8 @@ class Settings(EngineConfig):
     empty by default (no authentication)."""
 
     # where to listen and what to serve
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=8000, ge=1, le=65535, description="port to listen on")
     cache_ping_interval_s: float = Field(
         default=1.5, ge=0, le=60, description="/readyz asks the store at most this often"
     )
@@ -40,15 +40,27 @@ class Settings(EngineConfig):
     )
 
     # authentication: comma-separated keys; each key gets its own cache namespace
-    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated keys: with keys, /v1/* needs `Authorization: Bearer "
+        "<key>` (401 otherwise) and each key gets its own cache namespace",
+    )
 
     # who may see the API description: auto = public without keys, hidden with keys;
     # auth = /openapi.json and /docs need a key too; off = never served
-    docs: Literal["auto", "public", "auth", "off"] = "auto"
+    docs: Literal["auto", "public", "auth", "off"] = Field(
+        default="auto",
+        description="/docs and /openapi.json: auto (public without keys, off with keys), "
+        "public, auth (need a key) or off",
+    )
     # Host header values accepted (DNS rebinding guard); "*" accepts any. Ports are ignored.
     # Unset: any Host when API keys are set; without keys, only the names of the address
     # the server binds to (localhost names, the bind address; the machine's names on 0.0.0.0)
-    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated Host values accepted (`*` for any; others get 400). "
+        "Unset: any with API keys, else only the bind address's names (stops DNS rebinding)",
+    )
     metrics_key: SecretStr | None = Field(
         default=None,
         description="with API keys set, /metrics needs an API key or this key (a scraper's "
@@ -56,17 +68,25 @@ class Settings(EngineConfig):
     )
 
     # request limits
-    max_documents: int = Field(default=32, ge=1)
-    max_document_bytes: int = Field(default=64_000, ge=1)
-    max_total_bytes: int = Field(default=512_000, ge=1)
-    max_question_chars: int = Field(default=2_000, ge=1)
+    max_documents: int = Field(default=32, ge=1, description="documents per request (413)")
+    max_document_bytes: int = Field(
+        default=64_000, ge=1, description="UTF-8 bytes of one document's title and text (413)"
+    )
+    max_total_bytes: int = Field(
+        default=512_000, ge=1, description="bytes of all documents together (413)"
+    )
+    max_question_chars: int = Field(default=2_000, ge=1, description="question length (413)")
     max_document_tokens: int = Field(default=16_384, ge=1, description="tokens of one document")
-    max_question_tokens: int = Field(default=1_024, ge=1)
+    max_question_tokens: int = Field(default=1_024, ge=1, description="tokens of the question")
     max_prompt_tokens: int = Field(
         default=32_768, ge=1, description="tokens of all documents and the question together"
     )
-    max_new_tokens_limit: int = Field(default=512, ge=1)
-    max_body_bytes: int = Field(default=1_048_576, ge=1024)
+    max_new_tokens_limit: int = Field(
+        default=512, ge=1, description="the largest max_new_tokens a request may ask (422/400)"
+    )
+    max_body_bytes: int = Field(
+        default=1_048_576, ge=1024, description="request body size, checked before parsing (413)"
+    )
     body_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="a request body must arrive within this (408)"
     )
@@ -96,12 +116,16 @@ class Settings(EngineConfig):
         description="open connections per server; one more is answered 503 and closed at once",
     )
     # per API key (per client address without keys); 0 = no limit
-    rate_limit_per_minute: int = Field(default=0, ge=0)
+    rate_limit_per_minute: int = Field(
+        default=0,
+        ge=0,
+        description="requests per API key (per client address without keys); over it 429; 0: off",
+    )
     rate_limit_burst: int | None = Field(
         default=None, ge=1, description="requests allowed at once (default: the per-minute rate)"
     )
-    max_top_k: int = Field(default=20, ge=1)
-    default_top_k: int = Field(default=4, ge=1)
+    max_top_k: int = Field(default=20, ge=1, description="most passages a `query` may take")
+    default_top_k: int = Field(default=4, ge=1, description="passages a `query` takes by default")
 
     # the worker queue
     max_queue: int = Field(default=8, ge=1, description="requests allowed to wait for the worker")

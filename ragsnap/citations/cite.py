@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from ragsnap.citations import Citation, document_keep_shares, extract_citations
-from ragsnap.citations.attribution import answer_token_ends, attribute, gather_evidence
+from ragsnap.citations.attribution import Evidence, answer_token_ends, attribute, gather_evidence
 from ragsnap.citations.markers import insert_markers
 from ragsnap.citations.options import CitationOptions
-from ragsnap.citations.quotes import document_sentences
+from ragsnap.citations.quotes import DocumentSentence, document_sentences
 from ragsnap.prompt.assembly import PromptLayout
 
 
@@ -40,16 +40,7 @@ def cite_answer(
     shares = document_keep_shares(keep_rate, layout.doc_spans)
     if options.mode == "markers" or not layout.documents:
         return extract_citations(answer, layout.documents, shares), None
-    doc_sentences = document_sentences(tokenizer, layout.documents, layout.doc_spans)
-    evidence = gather_evidence(
-        answer,
-        question,
-        layout.documents,
-        doc_sentences,
-        attention=attention,
-        token_ends=answer_token_ends(tokenizer, list(tokens)),
-        doc_spans=layout.doc_spans,
-    )
+    doc_sentences, evidence = answer_evidence(tokenizer, layout, tokens, question, attention)
     citations = attribute(
         answer,
         layout.documents,
@@ -66,3 +57,26 @@ def cite_answer(
     ]
     spans = [(x.start, x.end) for x in evidence.sentences]
     return citations, insert_markers(answer, spans, per_sentence)
+
+
+def answer_evidence(
+    tokenizer: Any,
+    layout: PromptLayout,
+    tokens: Sequence[int],
+    question: str,
+    attention: Any = None,
+) -> tuple[list[list[DocumentSentence]], Evidence]:
+    """The prompt's document sentences and the evidence of each answer sentence for each
+    document (overlap, question prior and, with ``attention``, the answer's attention)."""
+    answer = tokenizer.decode(list(tokens), skip_special_tokens=True)
+    doc_sentences = document_sentences(tokenizer, layout.documents, layout.doc_spans)
+    evidence = gather_evidence(
+        answer,
+        question,
+        layout.documents,
+        doc_sentences,
+        attention=attention,
+        token_ends=answer_token_ends(tokenizer, list(tokens)),
+        doc_spans=layout.doc_spans,
+    )
+    return doc_sentences, evidence

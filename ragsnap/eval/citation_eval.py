@@ -17,14 +17,12 @@ from ragsnap.citations import extract_citations
 from ragsnap.citations.attribution import (
     AttributionWeights,
     Evidence,
-    answer_token_ends,
     attribute,
     default_attention_layers,
-    gather_evidence,
     select_documents,
 )
+from ragsnap.citations.cite import answer_evidence
 from ragsnap.citations.model import Citation
-from ragsnap.citations.quotes import document_sentences
 from ragsnap.eval.metrics import contains_any
 from ragsnap.prompt.assembly import PromptLayout
 from ragsnap.runtime.prefill import PrefillResult
@@ -124,16 +122,7 @@ def citation_methods(
     layers = default_attention_layers(len(engine.runtime.windows))
     attention = engine.runtime.answer_attention(prefill, list(tokens), layers)
     attention_s = time.perf_counter() - started
-    doc_sentences = document_sentences(engine.tokenizer, layout.documents, layout.doc_spans)
-    evidence = gather_evidence(
-        answer,
-        question,
-        layout.documents,
-        doc_sentences,
-        attention=attention,
-        token_ends=answer_token_ends(engine.tokenizer, list(tokens)),
-        doc_spans=layout.doc_spans,
-    )
+    doc_sentences, evidence = answer_evidence(engine.tokenizer, layout, tokens, question, attention)
     citations = attribute(
         answer,
         layout.documents,

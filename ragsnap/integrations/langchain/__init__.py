@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ragsnap.integrations.langchain.chat import ChatRagSnap
-    from ragsnap.integrations.langchain.rag import cited_documents, format_docs, make_rag_chain
+    from ragsnap.integrations.langchain.rag import (
+        cited_answer,
+        cited_documents,
+        format_docs,
+        make_rag_chain,
+    )
     from ragsnap.integrations.langchain.retriever import (
         RagSnapRetriever,
         from_langchain_documents,
@@ -21,6 +26,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "ChatRagSnap": "chat",
     "format_docs": "rag",
+    "cited_answer": "rag",
     "cited_documents": "rag",
     "make_rag_chain": "rag",
     "RagSnapRetriever": "retriever",
@@ -30,6 +36,7 @@ _EXPORTS = {
 __all__ = [
     "ChatRagSnap",
     "RagSnapRetriever",
+    "cited_answer",
     "cited_documents",
     "format_docs",
     "from_langchain_documents",

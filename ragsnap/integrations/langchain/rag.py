@@ -1,4 +1,4 @@
-"""RAG helpers: ``format_docs`` for LCEL chains, and a small runnable (question -> any
+"""RAG helpers: ``format_docs`` and ``cited_answer`` for LCEL chains, and a small runnable (question -> any
 LangChain retriever -> ragsnap answer with the cited Documents)."""
 
 from __future__ import annotations
@@ -41,6 +41,21 @@ def cited_documents(
         if document is not None and document not in cited:
             cited.append(document)
     return cited
+
+
+def cited_answer(message: BaseMessage) -> dict[str, Any]:
+    """A ragsnap reply as ``{"answer", "citations", "grounded", "grounded_score"}``: end an
+    LCEL chain with ``| cited_answer`` where ``| StrOutputParser()`` would drop them.
+
+    >>> chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat | cited_answer  # doctest: +SKIP
+    """
+    metadata = message.response_metadata
+    return {
+        "answer": message.text,
+        "citations": list(metadata.get("citations", [])),
+        "grounded": metadata.get("grounded"),
+        "grounded_score": metadata.get("grounded_score"),
+    }
 
 
 def _result(question: str, documents: list[LCDocument], message: BaseMessage) -> dict[str, Any]:
