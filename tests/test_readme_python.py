@@ -33,7 +33,7 @@ def test_the_snippet_runs_as_written(which):
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.strip().splitlines()
+    lines = [line.rstrip() for line in done.stdout.strip().splitlines()]
     if which == 0:  # the answer, its citations, the verdict, the cache status; the events
         assert re.search(r"\['[^']+'.*\] (True|False|None) (miss|hit)$", lines[0]), lines[0]
         assert lines[1].startswith("meta") and lines[-1] == "done"

@@ -101,6 +101,8 @@ class PromptLayout:
     truncated_doc_ids: list[str] = field(default_factory=list)
     template_version: str = PROMPT_TEMPLATE_VERSION
     answer_prefix: str = ""
+    # what is read off the prompt once per request (its token roles, its focus), by name
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:

@@ -376,6 +376,12 @@ def question_text(tokenizer: Any, layout: PromptLayout) -> str:
 def prompt_focus(tokenizer: Any, layout: PromptLayout) -> torch.Tensor | None:
     """``[L]`` uint8 focus tiers of a prompt (0 outside the records its question names),
     or None when no structured document has a record the question names."""
+    if "focus" not in layout.derived:  # computed once per request
+        layout.derived["focus"] = _prompt_focus(tokenizer, layout)
+    return layout.derived["focus"]
+
+
+def _prompt_focus(tokenizer: Any, layout: PromptLayout) -> torch.Tensor | None:
     question = question_text(tokenizer, layout)
     focus = torch.zeros(layout.num_tokens, dtype=torch.uint8)
     found = False

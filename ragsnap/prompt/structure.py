@@ -365,6 +365,8 @@ def prompt_roles(tokenizer: Any, layout: PromptLayout) -> torch.Tensor:
     """``[L]`` uint8 :class:`TokenRole` codes of a prompt: the head before the first document
     (the system instruction) is ``INSTRUCTION``, structured documents get their roles, the
     rest (prose, document headers, the question) is ``OTHER``."""
+    if "roles" in layout.derived:  # computed once per request
+        return layout.derived["roles"]
     roles = torch.zeros(layout.num_tokens, dtype=torch.uint8)
     head = layout.doc_spans[0][0] if layout.doc_spans else layout.prefix_len
     roles[:head] = TokenRole.INSTRUCTION
@@ -376,6 +378,7 @@ def prompt_roles(tokenizer: Any, layout: PromptLayout) -> torch.Tensor:
             continue
         n = min(end - start, len(tagged))  # a truncated document keeps its first tokens
         roles[start : start + n] = torch.tensor([int(r) for r in tagged[:n]], dtype=torch.uint8)
+    layout.derived["roles"] = roles
     return roles
 
 
