@@ -51,9 +51,9 @@ def test_a_bfloat16_engine_answers_and_keeps_its_own_entries(engine, tmp_path):
 
     store = open_store(f"file://{tmp_path}")
     half = RagSnapEngine.load("embedded", device="cpu", dtype="bfloat16", store=store)
-    assert next(half.model.parameters()).dtype == torch.bfloat16
+    assert next(half.loaded.model.parameters()).dtype == torch.bfloat16
     if can_pack():  # its CPU linears are oneDNN-packed, none left dense
-        assert not any(type(m) is torch.nn.Linear for m in half.model.modules())
+        assert not any(type(m) is torch.nn.Linear for m in half.loaded.model.modules())
     docs = [Document(id="t", title="Tides", text="Tides are caused mostly by the Moon's gravity.")]
     options = AnswerOptions(
         press=make_press("snapkv", budget=48, window=8),

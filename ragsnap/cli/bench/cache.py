@@ -135,13 +135,18 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
         base = RagSnapEngine.load(
-            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            matmul_precision=args.matmul_precision,
+            cache_url="none",  # the bench's own store below
         )
     scratch = None if args.cache else tempfile.TemporaryDirectory(prefix="ragsnap-bench-cache-")
     store = open_store(args.cache or f"file://{scratch.name}")  # type: ignore[union-attr]
     # every hit reads the store: its entries are what this bench measures, not a loaded copy
+    stored_as = str(storage_dtype).removeprefix("torch.") if storage_dtype else "auto"
     engine = RagSnapEngine(
-        base.loaded, store=store, storage_dtype=storage_dtype, hit_memory_bytes=0
+        base.loaded, store, base.config, storage_dtype=stored_as, hit_memory_mb=0
     )
     if engine.tiers is None:
         raise ConfigError("bench cache needs a store, not 'none'", field="cache")
