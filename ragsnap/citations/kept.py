@@ -13,7 +13,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from ragsnap.prompt.assembly import encode_user_text_with_offsets, format_document
+from ragsnap.prompt.assembly import (
+    document_text_start,
+    encode_user_text_with_offsets,
+    format_document,
+)
 from ragsnap.prompt.documents import Document
 
 if TYPE_CHECKING:
@@ -70,7 +74,7 @@ def document_kept_tokens(
     for index, (doc, (begin, end)) in enumerate(zip(documents, doc_spans, strict=True)):
         piece = format_document(index + 1, doc)
         # the piece holds the header, a newline, then doc.text stripped (lead .. tail)
-        first = len(f"[{index + 1}] {doc.title}".rstrip()) + 1
+        first = document_text_start(index + 1, doc)
         lead = len(doc.text) - len(doc.text.lstrip())
         tail = len(doc.text.rstrip())
         _, offsets = encode_user_text_with_offsets(tokenizer, piece)

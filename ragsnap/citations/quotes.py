@@ -7,7 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragsnap.citations.sentences import Sentence, split_sentences
-from ragsnap.prompt.assembly import encode_user_text_with_offsets, format_document
+from ragsnap.prompt.assembly import (
+    document_header,
+    document_text_start,
+    encode_user_text_with_offsets,
+    format_document,
+)
 from ragsnap.prompt.documents import Document
 
 
@@ -28,8 +33,8 @@ def document_sentences(
     out: list[list[DocumentSentence]] = []
     for index, (doc, (start, end)) in enumerate(zip(documents, doc_spans, strict=True)):
         piece = format_document(index + 1, doc)
-        header = f"[{index + 1}] {doc.title}".rstrip()
-        shift = len(header) + 1 - (len(doc.text) - len(doc.text.lstrip()))
+        header = document_header(index + 1, doc)
+        shift = document_text_start(index + 1, doc) - (len(doc.text) - len(doc.text.lstrip()))
         _, offsets = encode_user_text_with_offsets(tokenizer, piece)
         found: list[DocumentSentence] = []
         title = doc.title.strip()

@@ -109,10 +109,19 @@ class PromptLayout:
         return len(self.input_ids)
 
 
+def document_header(index: int, document: Document) -> str:
+    """``[n] title``: the line a document's piece starts with."""
+    return f"[{index}] {document.title}".rstrip()
+
+
 def format_document(index: int, document: Document) -> str:
     """``[n] title`` then the text, as the model sees it."""
-    header = f"[{index}] {document.title}".rstrip()
-    return f"{header}\n{document.text.strip()}\n\n"
+    return f"{document_header(index, document)}\n{document.text.strip()}\n\n"
+
+
+def document_text_start(index: int, document: Document) -> int:
+    """Where the document's (stripped) text starts in ``format_document(index, document)``."""
+    return len(document_header(index, document)) + 1
 
 
 class _Fitted(NamedTuple):

@@ -35,13 +35,12 @@ from typing import Any
 import torch
 
 from ragsnap.compression.roles import TokenRole
-from ragsnap.prompt.assembly import PromptLayout
+from ragsnap.prompt.assembly import PromptLayout, document_text_start
 from ragsnap.prompt.documents import Document
 from ragsnap.prompt.structure import (
     ATTRIBUTE,
     MarkupSpans,
     character_roles,
-    document_text_start,
     document_token_spans,
     scanstring,
 )

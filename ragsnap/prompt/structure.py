@@ -21,7 +21,12 @@ from typing import Any
 import torch
 
 from ragsnap.compression.roles import TokenRole
-from ragsnap.prompt.assembly import PromptLayout, encode_user_text_with_offsets, format_document
+from ragsnap.prompt.assembly import (
+    PromptLayout,
+    document_text_start,
+    encode_user_text_with_offsets,
+    format_document,
+)
 from ragsnap.prompt.documents import DOCUMENT_FORMATS, Document
 
 logger = logging.getLogger(__name__)
@@ -336,11 +341,6 @@ def token_roles(
         chars = text_roles[lo:hi] if hi > lo else []
         roles.append(min(chars, key=_RANK.__getitem__) if chars else OT)
     return roles
-
-
-def document_text_start(index: int, document: Document) -> int:
-    """Where the document's (stripped) text starts in ``format_document(index, document)``."""
-    return len(f"[{index}] {document.title}".rstrip()) + 1
 
 
 def document_token_spans(tokenizer: Any, index: int, document: Document) -> list[tuple[int, int]]:
