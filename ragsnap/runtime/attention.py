@@ -14,7 +14,7 @@ live in a context variable, so threads never see each other's masks.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -44,7 +44,7 @@ _ACTIVE_MASKS: ContextVar[Mapping[int, StepMask] | None] = ContextVar(
     "ragsnap_step_masks", default=None
 )
 PREFIX = "ragsnap_"
-# below this share of real keys in the padded batch, rows attend one at a time
+# below this share of real keys in the padded batch, rows attend in groups of like widths
 RAGGED_SHARE = 0.6
 # (layer index, attention probabilities [B, Hq, q, kv]) -> None; set only by observe_attention
 AttentionObserver = Callable[[int, torch.Tensor], None]
@@ -115,8 +115,9 @@ def masked_sdpa(
     query : ``[B, Hq, q, D]``; key, value : ``[B, Hkv, kv, D]``.
     mask : ``[B, Hkv or 1, q, kv]`` float, added to the logits (``-inf`` hides a key).
     widths : per row, the leading keys it may see; when most of the batch is padding
-        (rows of very different lengths: a full cache beside compressed ones), each row
-        attends over its own keys only.
+        (rows of very different lengths: a full cache beside compressed ones), rows attend
+        in groups of like widths (:func:`width_groups`), each over its longest row's keys:
+        a few calls per layer, never one per row.
 
     Returns
     -------
@@ -127,28 +128,46 @@ def masked_sdpa(
         mask = mask.repeat_interleave(group, dim=1)
     mask = mask.to(query.dtype)
     if (
-        widths is not None
-        and len(widths) > 1
-        and sum(widths) < RAGGED_SHARE * len(widths) * key.shape[2]
+        widths is None
+        or len(widths) == 1
+        or sum(widths) >= RAGGED_SHARE * len(widths) * key.shape[2]
     ):
-        out = torch.cat(
-            [
-                F.scaled_dot_product_attention(
-                    query[r : r + 1],
-                    key[r : r + 1, :, :w],
-                    value[r : r + 1, :, :w],
-                    attn_mask=mask[r : r + 1, :, :, :w],
-                    scale=scaling,
-                    enable_gqa=group > 1,
-                )
-                for r, w in enumerate(widths)
-            ]
-        )
-    else:
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scaling, enable_gqa=group > 1
         )
-    return out.transpose(1, 2).contiguous()
+        return out.transpose(1, 2).contiguous()
+    parts = []
+    for start, end in width_runs(widths):  # one call per run of rows of like widths
+        w = max(widths[start:end])
+        parts.append(
+            F.scaled_dot_product_attention(
+                query[start:end],
+                key[start:end, :, :w],
+                value[start:end, :, :w],
+                attn_mask=mask[start:end, :, :, :w],
+                scale=scaling,
+                enable_gqa=group > 1,
+            )
+        )
+    return torch.cat(parts).transpose(1, 2).contiguous()
+
+
+def width_runs(widths: Sequence[int], share: float = RAGGED_SHARE) -> list[tuple[int, int]]:
+    """``[start, end)`` runs of consecutive rows whose widths are within ``1 / share`` of
+    each other: each run attends in one call over views of the batch's buffers (a gather
+    of rows would copy their keys, which on a CPU cost more than the attention itself).
+    Rows of like widths side by side (compressed caches of one budget) share one call."""
+    runs: list[tuple[int, int]] = []
+    low = high = 0
+    start = 0
+    for row, width in enumerate(widths):
+        if row > start and min(low, width) < share * max(high, width):
+            runs.append((start, row))
+            start = row
+        low = width if row == start else min(low, width)
+        high = width if row == start else max(high, width)
+    runs.append((start, len(widths)))
+    return runs
 
 
 def masked_cpu_sdpa(
