@@ -51,6 +51,7 @@ def add_press_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--press",
         dest="default_press",
+        metavar="NAME",
         help=f"one of: {', '.join(PRESSES)} (default: {DEFAULT_PRESS}; $RAGSNAP_DEFAULT_PRESS)",
     )
     size = group.add_mutually_exclusive_group()
