@@ -90,16 +90,17 @@ def add_config_options(
         default = field.default if field.default is not None else "unset"
         help_text = f"{field.description} (default: {default}; $RAGSNAP_{name.upper()})"
         options: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
-        if kind is not bool and typing.get_origin(kind) is not Literal:
-            options["metavar"] = flag_of(name)[2:].upper().replace("-", "_")
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(kind) is Literal:
             options["choices"] = typing.get_args(kind)
-        elif kind is float and _bounds(field) is not None:
-            options["type"] = number_in(*_bounds(field))  # type: ignore[misc]
-        elif kind in (int, float):
-            options["type"] = kind
+        else:
+            options["metavar"] = flag_of(name)[2:].upper().replace("-", "_")
+            bounds = _bounds(field)
+            if kind is float and bounds is not None:
+                options["type"] = number_in(*bounds)
+            elif kind in (int, float):
+                options["type"] = kind
         parser.add_argument(flag_of(name), **options)
 
 
