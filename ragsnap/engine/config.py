@@ -18,8 +18,10 @@ from ragsnap.cache.tiers.cached_prefill import DEFAULT_HIT_MEMORY_BYTES, DEFAULT
 from ragsnap.cache.tiers.documents import DEFAULT_RECOMPUTE_SHARE
 from ragsnap.citations.options import ABSTAIN_TEXT
 from ragsnap.compression import DEFAULT_PRESS
+from ragsnap.prompt.assembly import DEFAULT_DOCUMENT_ORDER, DocumentOrder
 from ragsnap.runtime.blend import DEFAULT_SELECTION
 from ragsnap.runtime.drafts import DEFAULT_SPECULATE
+from ragsnap.runtime.generation import DEFAULT_MAX_NEW_TOKENS
 
 StorageDtype = Literal["auto", "float32", "bfloat16", "float16", "int8"]
 
@@ -134,10 +136,10 @@ class EngineConfig(BaseSettings):
         "before compressing (sooner first token, lower fidelity)",
     )
     default_max_new_tokens: int = Field(
-        default=128, ge=1, le=1 << 20, description="longest answer, in tokens"
+        default=DEFAULT_MAX_NEW_TOKENS, ge=1, le=1 << 20, description="longest answer, in tokens"
     )
-    document_order: Literal["relevance", "given"] = Field(
-        default="relevance",
+    document_order: DocumentOrder = Field(
+        default=DEFAULT_DOCUMENT_ORDER,
         description="relevance: by BM25 relevance to the question, the most relevant last; "
         "given: as listed (the same document prefix for every question)",
     )

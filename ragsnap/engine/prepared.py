@@ -15,7 +15,12 @@ from ragsnap.compression.decode_snapkv import DecodeSnapKV
 from ragsnap.compression.lookahead import press_label
 from ragsnap.engine.events import MetaEvent
 from ragsnap.engine.stats import AnswerStats
-from ragsnap.prompt.assembly import ChatContext, DocumentOrder, PromptLayout
+from ragsnap.prompt.assembly import (
+    DEFAULT_DOCUMENT_ORDER,
+    ChatContext,
+    DocumentOrder,
+    PromptLayout,
+)
 from ragsnap.runtime.decode import DecodeRow
 from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.prefill import PrefillResult
@@ -33,7 +38,7 @@ class AnswerOptions:
     # decode-phase SnapKV: long answers stay within the prompt's budget plus a slack
     decode_compression: DecodeSnapKV | None = None
     kept_tokens: bool = False  # the done event carries each document's kept-token map
-    document_order: DocumentOrder = "relevance"  # see ragsnap.prompt.assembly.DocumentOrder
+    document_order: DocumentOrder = DEFAULT_DOCUMENT_ORDER  # see ragsnap.prompt.assembly
 
 
 @dataclass

@@ -36,6 +36,7 @@ MAX_CHARS_PER_TOKEN = 32
 # "given": the caller's order, which keeps the document prefix the same for any question
 DocumentOrder = Literal["relevance", "given"]
 DOCUMENT_ORDERS: tuple[DocumentOrder, ...] = ("relevance", "given")
+DEFAULT_DOCUMENT_ORDER: DocumentOrder = "relevance"
 
 
 @dataclass(frozen=True)

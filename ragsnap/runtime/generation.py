@@ -17,11 +17,14 @@ GREEDY_BELOW = 1e-4
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
+DEFAULT_MAX_NEW_TOKENS = 128  # the longest answer, in tokens, of a request that says none
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """Greedy by default; ``temperature > 0`` samples (nucleus ``top_p``, reproducible with ``seed``)."""
 
-    max_new_tokens: int = 128
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
