@@ -103,6 +103,10 @@ def check_consistency(out, expected_items):
         assert set(run) == expected
         mine = [r for r in records if r["press"] == run["press"] and r["budget"] == run["budget"]]
         assert run["n"] == len(mine) == expected_items
+        for record in mine:  # the report's citation columns score the served attribution
+            scores = record["scores"]
+            assert scores["citation_precision"] == scores["cite_combined_precision"]
+            assert scores["citation_recall"] == scores["cite_combined_recall"]
         for key in ("accuracy", "agreement", "kl", "gold_kept_share"):
             values = [r["scores"][key] for r in mine if r["scores"].get(key) is not None]
             assert run["metrics"][key] == pytest.approx(sum(values) / len(values), abs=1e-6)

@@ -6,7 +6,6 @@ import pytest
 
 from ragsnap.eval.aggregate import build_runs
 from ragsnap.eval.metrics import (
-    citation_scores,
     contains,
     factoid_scores,
     kept_share,
@@ -109,12 +108,11 @@ def test_needle_exact_and_leading_digit_share():
 
 
 def test_citation_precision_recall_and_undefined_cases():
-    assert citation_scores(["a", "b"], ["a", "c"]) == {
-        "citation_precision": 0.5,
-        "citation_recall": 0.5,
-    }
-    assert citation_scores([], ["a"]) == {"citation_precision": None, "citation_recall": 0.0}
-    assert citation_scores(["a"], []) == {"citation_precision": 0.0, "citation_recall": None}
+    from ragsnap.eval.citation_eval import set_scores
+
+    assert set_scores(["a", "b"], ["a", "c"]) == {"precision": 0.5, "recall": 0.5, "f1": 0.5}
+    assert set_scores([], ["a"]) == {"precision": None, "recall": 0.0, "f1": 0.0}
+    assert set_scores(["a"], []) == {"precision": 0.0, "recall": None, "f1": None}
 
 
 def test_kept_share_weights_by_tokens():

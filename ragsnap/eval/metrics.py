@@ -166,17 +166,6 @@ def needle_scores(answer: str, value: str) -> dict[str, float]:
 # -- citations and kept evidence ------------------------------------------------------
 
 
-def citation_scores(cited: Sequence[str], gold: Sequence[str]) -> dict[str, float | None]:
-    """Precision over cited documents (None when nothing was cited) and recall over the
-    gold documents that were in the prompt (None when there were none)."""
-    cited_set, gold_set = set(cited), set(gold)
-    hits = len(cited_set & gold_set)
-    return {
-        "citation_precision": hits / len(cited_set) if cited_set else None,
-        "citation_recall": hits / len(gold_set) if gold_set else None,
-    }
-
-
 def kept_share(keep_rate: Sequence[float], spans: Sequence[tuple[int, int]]) -> float | None:
     """Token-weighted mean of ``keep_rate`` over ``spans`` (None when they hold no tokens)."""
     total = sum(e - s for s, e in spans)

@@ -28,7 +28,7 @@ from ragsnap.eval.explain import explain_score
 from ragsnap.eval.fidelity import fidelities, full_reference
 from ragsnap.eval.grid import GridPoint, press_grid
 from ragsnap.eval.items import EvalItem, Malformed
-from ragsnap.eval.metrics import citation_scores, kept_share, normalize, score_answer
+from ragsnap.eval.metrics import kept_share, normalize, score_answer
 from ragsnap.eval.store import PredictionStore
 from ragsnap.prompt.assembly import (
     DocumentOrder,
@@ -182,9 +182,8 @@ def evaluate_item(
         out = decoded[i]
         answer = text(out.tokens, skip_special_tokens=True)
         keep_rate = result.keep_rate().tolist()
-        citations = extract_citations(answer, layout.documents)
+        citations = extract_citations(answer, layout.documents)  # the model's own markers
         scores = score_answer(item.type, answer, item.answers, item.answer_groups)
-        scores.update(citation_scores([c.doc_id for c in citations], gold))
         cite_scores, cite_detail, attribution_s = citation_methods(
             engine,
             layout,
@@ -197,6 +196,10 @@ def evaluate_item(
             answers=item.answers if item.type in ("factoid", "short") else (),
         )
         scores.update(cite_scores)
+        # the report's citation columns: the attribution ragsnap serves (the model's own
+        # markers stay as cite_markers_*)
+        scores["citation_precision"] = cite_scores["cite_combined_precision"]
+        scores["citation_recall"] = cite_scores["cite_combined_recall"]
         scores["agreement"] = float(normalize(answer) == normalize(full_answer))
         scores["kl"], scores["nll_gap"] = out.fidelity["kl"], out.fidelity["nll_gap"]
         scores["gold_kept_share"] = kept_share(keep_rate, gold_spans)
