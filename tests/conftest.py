@@ -44,7 +44,8 @@ def engine():
 @pytest.fixture
 def tiny(monkeypatch):
     """A tiny random Llama engine that ``RagSnapEngine.load`` and ``from_config`` return
-    (CLI tests), with the configuration they were given."""
+    (CLI tests), with the configuration they were given; ``load_runtime`` returns its
+    runtime (``eval``, ``calibrate``, ``diagnose``)."""
     from ragsnap.engine.config import EngineConfig, configured
     from ragsnap.engine.engine import RagSnapEngine
     from tests.tiny_models import tiny_engine
@@ -61,6 +62,7 @@ def tiny(monkeypatch):
 
     monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(from_config))
     monkeypatch.setattr(RagSnapEngine, "load", classmethod(load))
+    monkeypatch.setattr("ragsnap.engine.loading.load_runtime", lambda config, **k: engine.runtime)
     return engine
 
 

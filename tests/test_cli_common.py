@@ -9,7 +9,6 @@ import torch
 
 from ragsnap.cli import build_parser, main
 from ragsnap.cli.progress import configure_threads, default_threads
-from ragsnap.engine.engine import RagSnapEngine
 
 COMMANDS = [
     ["ask"],
@@ -86,7 +85,7 @@ def test_zero_threads_is_one_clear_line(capsys, tmp_path):
 
 @pytest.mark.model
 def test_diagnose_runs_with_the_default_presses(engine, capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: engine))
+    monkeypatch.setattr("ragsnap.engine.loading.load_runtime", lambda config, **k: engine.runtime)
     doc = tmp_path / "essay.txt"
     filler = "The committee met again to discuss the budget of the village library. " * 30
     doc.write_text(filler + "The special magic number for amber-fox is 4815162. " + filler)

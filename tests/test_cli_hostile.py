@@ -30,6 +30,7 @@ def no_model_load(monkeypatch):
 
     monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(refuse))
     monkeypatch.setattr("ragsnap.runtime.loading.models.load_model", refuse)
+    monkeypatch.setattr("ragsnap.engine.loading.load_model", refuse)  # eval, calibrate...
 
 
 def one_line_exit_2(argv: list[str], capsys) -> str:

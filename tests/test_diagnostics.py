@@ -20,7 +20,7 @@ def test_span_retention_is_one_with_the_full_cache_and_lower_when_compressed(
     text = FILLER + "The access code for the archive is 90417. " + FILLER
     docs = [Document(id="a", title="Minutes", text=text)]
     positions, (full, snap) = diagnose(
-        engine,
+        engine.runtime,
         "What is the access code for the archive?",
         docs,
         "90417",
@@ -38,7 +38,7 @@ def test_the_default_press_with_layers_of_different_lengths(engine) -> None:
     text = FILLER + "The access code for the archive is 90417. " + FILLER
     docs = [Document(id="a", title="Minutes", text=text)]
     press = make_press("ragsnap", budget=64)
-    _, (default,) = diagnose(engine, "What is the access code?", docs, "90417", [press])
+    _, (default,) = diagnose(engine.runtime, "What is the access code?", docs, "90417", [press])
     layout = engine.build_prompt("q?", docs, GenerationConfig())
     prefill = engine.runtime.prefill(layout.input_ids, press)
     assert len(set(prefill.kept_tokens_per_layer)) > 1  # profiled budgets differ by layer
@@ -50,4 +50,4 @@ def test_the_default_press_with_layers_of_different_lengths(engine) -> None:
 def test_an_answer_missing_from_the_documents_is_a_clear_error(engine) -> None:
     docs = [Document(id="a", title="t", text="nothing here")]
     with pytest.raises(InputError, match="does not occur"):
-        diagnose(engine, "q?", docs, "12345", [make_press("full")])
+        diagnose(engine.runtime, "q?", docs, "12345", [make_press("full")])

@@ -130,7 +130,7 @@ def test_eval_bioasq_and_needles_end_to_end(engine, tmp_path):
         max_new_tokens=12,
         progress=False,
     )
-    result = evaluate(engine, request)
+    result = evaluate(engine.runtime, request)
     assert result.evaluated == 4 and result.malformed == 1
     for name in (
         "metrics.json",
@@ -157,12 +157,12 @@ def test_eval_bioasq_and_needles_end_to_end(engine, tmp_path):
     assert yesno and "yesno_macro_f1" in runs[0]["metrics"]
 
     # resume: nothing left to do; then an interrupted item (its lines gone, a torn line) reruns
-    again = evaluate(engine, request)
+    again = evaluate(engine.runtime, request)
     assert again.evaluated == 0 and again.resumed == 4
     lines = (out / "predictions.jsonl").read_text().splitlines()
     kept = [line for line in lines if json.loads(line)["item_id"] != "q3"]
     (out / "predictions.jsonl").write_text("\n".join(kept) + "\n" + '{"item_id": "q3", "pre')
-    resumed = evaluate(engine, request)
+    resumed = evaluate(engine.runtime, request)
     assert resumed.evaluated == 1 and resumed.resumed == 3
     check_consistency(out, 4)
 
@@ -181,7 +181,7 @@ def test_eval_needles_end_to_end(engine, tmp_path):
         budgets=[64],
         progress=False,
     )
-    result = evaluate(engine, request)
+    result = evaluate(engine.runtime, request)
     assert result.evaluated == 2
     runs, records = check_consistency(out, 2)
     assert (out / "needle_heatmap_snapkv.png").stat().st_size > 0

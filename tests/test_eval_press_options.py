@@ -107,6 +107,7 @@ def no_model(monkeypatch):
         raise AssertionError("the model must not load")
 
     monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(refuse))
+    monkeypatch.setattr("ragsnap.engine.loading.load_model", refuse)  # eval, calibrate...
 
 
 @pytest.mark.parametrize(

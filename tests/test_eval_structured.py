@@ -96,7 +96,7 @@ def test_a_structured_eval_reports_the_asked_values_retention(tmp_path) -> None:
         plots=False,
         progress=False,
     )
-    result = evaluate(tiny_engine("llama"), request)
+    result = evaluate(tiny_engine("llama").runtime, request)
     assert result.evaluated == 2 and result.malformed == 0
     runs = {(r["press"], r["budget"]): r for r in result.runs}
     assert set(runs) == {("full", None), ("snapkv", 40), ("roles", 40)}

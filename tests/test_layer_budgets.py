@@ -157,15 +157,15 @@ def test_calibration_measures_per_layer_kl_and_extends_a_profile(engine) -> None
         "Honeybees perform a waggle dance whose angle points to the food source. " * 4,
     )
     layers = engine.loaded.model.config.num_hidden_layers
-    whole = item_layer_kl(engine, tides, generation, budget=4096)
+    whole = item_layer_kl(engine.runtime, tides, generation, budget=4096)
     assert max(whole) < 1e-6 and len(whole) == layers  # a budget over the prompt: float noise only
-    first = calibrate_layers(engine, [tides], generation, budget=48)
+    first = calibrate_layers(engine.runtime, [tides], generation, budget=48)
     assert first.items == ("tides",) and len(first.sensitivity) == layers
     assert max(first.sensitivity) > 0 and min(first.sensitivity) >= 0
-    bees_kl = item_layer_kl(engine, bees, generation, budget=48)
-    both = calibrate_layers(engine, [tides, bees], generation, budget=48, previous=first)
+    bees_kl = item_layer_kl(engine.runtime, bees, generation, budget=48)
+    both = calibrate_layers(engine.runtime, [tides, bees], generation, budget=48, previous=first)
     assert both.items == ("tides", "bees")  # tides was not measured again
     expected = [(a + b) / 2 for a, b in zip(first.sensitivity, bees_kl, strict=True)]
     assert list(both.sensitivity) == pytest.approx(expected, rel=1e-5, abs=1e-7)
     with pytest.raises(ConfigError, match="at budget 48, not"):
-        calibrate_layers(engine, [bees], generation, budget=64, previous=first)
+        calibrate_layers(engine.runtime, [bees], generation, budget=64, previous=first)

@@ -43,8 +43,10 @@ def add_held_out_arguments(parser: argparse.ArgumentParser, limit: int) -> None:
 
 
 def load_held_out(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
-    """``(engine, items, request)``: the model and the ``--skip``/``--limit`` items."""
-    from ragsnap.engine.engine import RagSnapEngine
+    """``(runtime, items, request)``: the model's runtime and the ``--skip``/``--limit``
+    items."""
+    from ragsnap.engine.loading import load_runtime
+    from ragsnap.engine.options import config_from_args
     from ragsnap.errors import ConfigError
     from ragsnap.eval.evaluate import EvalRequest, load_request_items
 
@@ -61,16 +63,11 @@ def load_held_out(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
         types=[t.strip() for t in args.types.split(",")] if args.types else None,
     )
     request.validate()
-    with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(
-            args.model,
-            device=args.device,
-            dtype=args.dtype,
-            matmul_precision=args.matmul_precision,
-            cache_url="none",  # each press prefills the prompt itself
-        )
-    items = load_request_items(engine, request).items[args.skip : args.skip + args.limit]
-    return engine, items, request
+    config = config_from_args(args)
+    with loading_model(config.model, config.device):
+        runtime = load_runtime(config)
+    items = load_request_items(runtime, request).items[args.skip : args.skip + args.limit]
+    return runtime, items, request
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
     from ragsnap.eval.calibrate import calibrate_layers
 
     previous = LayerProfile.load(args.out) if args.out.exists() else None
-    engine, items, request = load_held_out(args)
+    runtime, items, request = load_held_out(args)
     profile = calibrate_layers(
-        engine,
+        runtime,
         items,
         request.generation(),
         args.budget,

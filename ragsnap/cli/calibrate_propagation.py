@@ -45,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise ConfigError("--layers takes integers, --shares numbers", field="layers") from None
     base = without_propagation(make_press(args.press, budget=args.budget))
-    engine, items, request = load_held_out(args)
+    runtime, items, request = load_held_out(args)
     result = calibrate_propagation(
-        engine,
+        runtime,
         items,
         request.generation(),
         base,

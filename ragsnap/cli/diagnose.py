@@ -30,21 +30,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ragsnap.compression import make_press
-    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.engine.loading import load_runtime
+    from ragsnap.engine.options import config_from_args
     from ragsnap.eval.diagnostics import diagnose, plot_retention
     from ragsnap.prompt.documents import load_documents
 
     documents = load_documents(args.docs)
     presses = [make_press(name.strip(), budget=args.budget) for name in args.press.split(",")]
-    with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(
-            args.model,
-            device=args.device,
-            dtype=args.dtype,
-            matmul_precision=args.matmul_precision,
-            cache_url="none",  # each press prefills the prompt itself
-        )
-    positions, diagnoses = diagnose(engine, args.question, documents, args.answer, presses)
+    config = config_from_args(args)
+    with loading_model(config.model, config.device):
+        runtime = load_runtime(config)
+    positions, diagnoses = diagnose(runtime, args.question, documents, args.answer, presses)
     plot_retention(diagnoses, args.answer, args.out)
     print(
         json.dumps(

@@ -135,13 +135,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.engine.loading import load_runtime
     from ragsnap.eval.evaluate import EvalRequest, evaluate
 
     if args.out is None:
         raise InputError("ragsnap eval needs --out DIR (or: ragsnap eval compare A B)", field="out")
-    # every item is a new prompt, and each press must prefill it: no KV cache
-    config = config_from_args(args, cache_url="none")
+    config = config_from_args(args)
     request = EvalRequest(
         out=args.out,
         data=args.data,
@@ -173,8 +172,8 @@ def run(args: argparse.Namespace) -> int:
     request.validate()  # bad input fails before the model loads: options,
     request.check_data()  # and data that does not parse as the (guessed) format
     with loading_model(config.model, config.device):
-        engine = RagSnapEngine.from_config(config)
-    result = evaluate(engine, request)
+        runtime = load_runtime(config)  # what every press runs on: no cache tiers
+    result = evaluate(runtime, request)
     print(
         f"evaluated {result.evaluated} items ({result.resumed} already done, "
         f"{result.malformed} malformed skipped) -> {result.out}"

@@ -16,25 +16,23 @@ from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import parse_dtype
 from ragsnap.cache.tiers.cached_prefill import CachedPrefill, PrefixHit
 from ragsnap.citations.options import CitationOptions
-from ragsnap.citations.overlap import question_relevance
 from ragsnap.compression import make_press
 from ragsnap.compression.lookup_focus import uses_focus
 from ragsnap.compression.propagate import without_propagation
 from ragsnap.engine.citing import AnswerCiting
 from ragsnap.engine.config import EngineConfig, configured
 from ragsnap.engine.events import AnswerEvent, CitationsEvent, DoneEvent
+from ragsnap.engine.loading import configured_model, runtime_for
 from ragsnap.engine.prepared import AnswerOptions, PendingAnswer, PreparedAnswer, TextStream
 from ragsnap.engine.single_answer import stream_answer
-from ragsnap.errors import ConfigError
-from ragsnap.prompt.assembly import ChatContext, DocumentOrder, PromptLayout, assemble_prompt
+from ragsnap.prompt.assembly import ChatContext, DocumentOrder, PromptLayout
 from ragsnap.prompt.documents import Document
 from ragsnap.prompt.focus import prompt_focus
+from ragsnap.prompt.order import fit_prompt
 from ragsnap.prompt.structure import prompt_roles
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
 from ragsnap.runtime.generation import GenerationConfig
-from ragsnap.runtime.loading.models import EMBEDDED, LoadedModel, load_model
-from ragsnap.runtime.model_runtime import ModelRuntime
-from ragsnap.runtime.threads import configure_threads
+from ragsnap.runtime.loading.models import EMBEDDED, LoadedModel
 
 __all__ = ["AnswerOptions", "PendingAnswer", "PreparedAnswer", "RagSnapEngine", "TextStream"]
 
@@ -59,13 +57,7 @@ class RagSnapEngine:
             config = configured(EngineConfig, **{**base, **settings})
         self.config = config
         self.loaded = loaded
-        self.runtime = ModelRuntime(
-            loaded,
-            chunk=prefill_chunk,
-            speculate=config.speculate,
-            ngrams=config.speculate_ngrams,
-            commit_drafts=config.commit_lookahead,
-        )
+        self.runtime = runtime_for(loaded, config, prefill_chunk)
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
         self.store = store
@@ -101,14 +93,7 @@ class RagSnapEngine:
             from ragsnap.cache import open_store
 
             store = open_store(config.cache_url, key=config.cache_secret)
-        configure_threads(config.threads)
-        loaded = load_model(
-            config.model,
-            device=config.device,
-            dtype=config.dtype,
-            matmul_precision=config.matmul_precision,
-            **load_options,
-        )
+        loaded = configured_model(config, **load_options)
         return cls(loaded, store, config, prefill_chunk=prefill_chunk)
 
     @classmethod
@@ -160,24 +145,15 @@ class RagSnapEngine:
         chat: ChatContext | None = None,
         order: DocumentOrder | None = None,
     ) -> PromptLayout:
-        budget = self.loaded.context_length - generation.max_new_tokens
-        if budget <= 0:  # say what to change, not a negative number of prompt tokens
-            raise ConfigError(
-                f"max_new_tokens {generation.max_new_tokens} leaves no room for the prompt: "
-                f"the model's context is {self.loaded.context_length} tokens",
-                field="max_new_tokens",
-            )
-        relevance = None
-        if (order or self.config.document_order) == "relevance":
-            relevance = question_relevance(question, [f"{d.title}\n{d.text}" for d in documents])
-        return assemble_prompt(
+        return fit_prompt(
             self.tokenizer,
+            self.loaded.context_length,
             question,
             documents,
-            max_prompt_tokens=budget,
+            generation.max_new_tokens,
+            order or self.config.document_order,
             answer_prefix=answer_prefix,
             chat=chat,
-            relevance=relevance,
         )
 
     # -- the three stages of an answer (the scheduler interleaves them) -----------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -21,7 +20,10 @@ from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.errors import ConfigError
 from ragsnap.eval.fidelity import fidelities, full_reference
 from ragsnap.eval.items import EvalItem
+from ragsnap.prompt.assembly import DEFAULT_DOCUMENT_ORDER
+from ragsnap.prompt.order import fit_prompt
 from ragsnap.runtime.generation import GenerationConfig
+from ragsnap.runtime.model_runtime import ModelRuntime
 
 
 @dataclass
@@ -43,23 +45,29 @@ class SingleLayerPress(Press):
 
 
 def item_layer_kl(
-    engine: Any, item: EvalItem, generation: GenerationConfig, budget: int
+    runtime: ModelRuntime, item: EvalItem, generation: GenerationConfig, budget: int
 ) -> list[float]:
     """``[num_layers]`` KL(full || only layer l compressed to ``budget``) for one item."""
-    layout = engine.build_prompt(
-        item.question, item.documents, generation, answer_prefix=item.answer_prefix
+    layout = fit_prompt(
+        runtime.tokenizer,
+        runtime.loaded.context_length,
+        item.question,
+        item.documents,
+        generation.max_new_tokens,
+        DEFAULT_DOCUMENT_ORDER,
+        answer_prefix=item.answer_prefix,
     )
-    num_layers = engine.loaded.model.config.num_hidden_layers
+    num_layers = runtime.loaded.model.config.num_hidden_layers
     presses: list[Press] = [FullPress()] + [
         SingleLayerPress(base=SnapKVPress(budget=budget), layer=i) for i in range(num_layers)
     ]
-    full, *variants = engine.runtime.prefill_many(layout.input_ids, presses)
-    reference = full_reference(engine.runtime, full, engine.runtime.generate(full, generation))
-    return [float(f["kl"]) for f in fidelities(engine.runtime, variants, reference, rows=4)]
+    full, *variants = runtime.prefill_many(layout.input_ids, presses)
+    reference = full_reference(runtime, full, runtime.generate(full, generation))
+    return [float(f["kl"]) for f in fidelities(runtime, variants, reference, rows=4)]
 
 
 def calibrate_layers(
-    engine: Any,
+    runtime: ModelRuntime,
     items: Sequence[EvalItem],
     generation: GenerationConfig,
     budget: int,
@@ -73,9 +81,9 @@ def calibrate_layers(
     Items already in ``previous`` are skipped, so an interrupted or extended calibration
     resumes.
     """
-    fingerprint = model_fingerprint(engine.loaded.model.config)
+    fingerprint = model_fingerprint(runtime.loaded.model.config)
     done: list[str] = []
-    sums = [0.0] * engine.loaded.model.config.num_hidden_layers
+    sums = [0.0] * runtime.loaded.model.config.num_hidden_layers
     if previous is not None:
         if previous.model != fingerprint or previous.budget != budget:
             raise ConfigError(
@@ -88,7 +96,7 @@ def calibrate_layers(
     for item in items:
         if item.id in done:
             continue
-        for layer, kl in enumerate(item_layer_kl(engine, item, generation, budget)):
+        for layer, kl in enumerate(item_layer_kl(runtime, item, generation, budget)):
             sums[layer] += kl
         done.append(item.id)
         if progress is not None:

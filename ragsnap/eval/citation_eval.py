@@ -25,6 +25,7 @@ from ragsnap.citations.cite import answer_evidence
 from ragsnap.citations.model import Citation
 from ragsnap.eval.metrics import contains_any
 from ragsnap.prompt.assembly import PromptLayout
+from ragsnap.runtime.model_runtime import ModelRuntime
 from ragsnap.runtime.prefill import PrefillResult
 
 # one kind of evidence alone (thresholds calibrated like the combined weights; README)
@@ -100,7 +101,7 @@ def cited_by(evidence: Evidence, weights: AttributionWeights, layout: PromptLayo
 
 
 def citation_methods(
-    engine: Any,
+    runtime: ModelRuntime,
     layout: PromptLayout,
     question: str,
     prefill: PrefillResult,
@@ -117,12 +118,14 @@ def citation_methods(
     calibration) and the seconds the default attribution took (the attention pass only
     when its weights use attention, as in the engine; ``attention_s`` in the detail)."""
     weights = weights or AttributionWeights()
-    answer = engine.tokenizer.decode(list(tokens), skip_special_tokens=True)
+    answer = runtime.tokenizer.decode(list(tokens), skip_special_tokens=True)
     started = time.perf_counter()
-    layers = default_attention_layers(len(engine.runtime.windows))
-    attention = engine.runtime.answer_attention(prefill, list(tokens), layers)
+    layers = default_attention_layers(len(runtime.windows))
+    attention = runtime.answer_attention(prefill, list(tokens), layers)
     attention_s = time.perf_counter() - started
-    doc_sentences, evidence = answer_evidence(engine.tokenizer, layout, tokens, question, attention)
+    doc_sentences, evidence = answer_evidence(
+        runtime.tokenizer, layout, tokens, question, attention
+    )
     citations = attribute(
         answer,
         layout.documents,

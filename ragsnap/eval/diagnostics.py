@@ -9,22 +9,28 @@ from pathlib import Path
 import torch
 
 from ragsnap.compression import Press
-from ragsnap.engine.engine import RagSnapEngine
 from ragsnap.errors import InputError
-from ragsnap.prompt.assembly import PromptLayout, encode_user_text_with_offsets, format_document
+from ragsnap.prompt.assembly import (
+    DEFAULT_DOCUMENT_ORDER,
+    PromptLayout,
+    encode_user_text_with_offsets,
+    format_document,
+)
 from ragsnap.prompt.documents import Document
-from ragsnap.runtime.generation import GenerationConfig
+from ragsnap.prompt.order import fit_prompt
+from ragsnap.runtime.generation import DEFAULT_MAX_NEW_TOKENS
+from ragsnap.runtime.model_runtime import ModelRuntime
 from ragsnap.runtime.prefill import PrefillResult
 
 
-def answer_positions(engine: RagSnapEngine, layout: PromptLayout, answer: str) -> list[int]:
+def answer_positions(runtime: ModelRuntime, layout: PromptLayout, answer: str) -> list[int]:
     """Prompt positions of the tokens of every occurrence of ``answer`` in the documents."""
     positions: list[int] = []
     for number, (document, (start, _)) in enumerate(
         zip(layout.documents, layout.doc_spans, strict=True), 1
     ):
         piece = format_document(number, document)
-        _, offsets = encode_user_text_with_offsets(engine.tokenizer, piece)
+        _, offsets = encode_user_text_with_offsets(runtime.tokenizer, piece)
         begin = piece.find(answer)
         while begin >= 0:
             end = begin + len(answer)
@@ -69,16 +75,23 @@ class Diagnosis:
 
 
 def diagnose(
-    engine: RagSnapEngine,
+    runtime: ModelRuntime,
     question: str,
     documents: Sequence[Document],
     answer: str,
     presses: Sequence[Press],
 ) -> tuple[list[int], list[Diagnosis]]:
     """One prefill, every press: how much of the answer span each layer and head kept."""
-    layout = engine.build_prompt(question, documents, GenerationConfig())
-    positions = answer_positions(engine, layout, answer)
-    results = engine.runtime.prefill_many(layout.input_ids, presses, layout=layout)
+    layout = fit_prompt(
+        runtime.tokenizer,
+        runtime.loaded.context_length,
+        question,
+        documents,
+        DEFAULT_MAX_NEW_TOKENS,
+        DEFAULT_DOCUMENT_ORDER,
+    )
+    positions = answer_positions(runtime, layout, answer)
+    results = runtime.prefill_many(layout.input_ids, presses, layout=layout)
     return positions, [
         Diagnosis(
             press=r.press_config["press"],

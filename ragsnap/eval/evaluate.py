@@ -26,6 +26,7 @@ from ragsnap.eval.runner import output_dir, run_items, select_records
 from ragsnap.eval.store import PredictionStore, check_settings
 from ragsnap.prompt.assembly import DocumentOrder
 from ragsnap.runtime.generation import GenerationConfig
+from ragsnap.runtime.model_runtime import ModelRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -195,9 +196,9 @@ class EvalResult:
     files: list[Path]
 
 
-def load_request_items(engine: Any, request: EvalRequest) -> LoadedItems:
+def load_request_items(runtime: ModelRuntime, request: EvalRequest) -> LoadedItems:
     """The request's items (before ``--limit``)."""
-    tokenizer = engine.tokenizer
+    tokenizer = runtime.tokenizer
     fmt = request.resolved_format
     if fmt == "niah":
         from ragsnap.errors import InputError
@@ -244,8 +245,8 @@ def load_request_items(engine: Any, request: EvalRequest) -> LoadedItems:
     )
 
 
-def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
-    """Run ``request`` with ``engine`` and write metrics.json, predictions.jsonl, report.md,
+def evaluate(runtime: ModelRuntime, request: EvalRequest) -> EvalResult:
+    """Run ``request`` on ``runtime`` and write metrics.json, predictions.jsonl, report.md,
     malformed.json and the plots into ``request.out``."""
     request.validate()
     out = output_dir(request.out)
@@ -253,20 +254,20 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
     configs = [{"press": g.press, "size": g.budget, **g.instance.config()} for g in grid]
     check_settings(
         out,
-        request.settings(engine.loaded.model_id),
+        request.settings(runtime.loaded.model_id),
         {
             "provenance": provenance(
-                engine, configs, request.command, request.press_options.get("profile")
+                runtime, configs, request.command, request.press_options.get("profile")
             )
         },
     )
-    loaded = load_request_items(engine, request)
+    loaded = load_request_items(runtime, request)
     rest = loaded.items[request.offset :]
     items = rest[: request.limit] if request.limit else rest
     store = PredictionStore(out)
     fmt = request.resolved_format
     outcome = run_items(
-        engine,
+        runtime,
         items,
         grid,
         store,
@@ -285,8 +286,8 @@ def evaluate(engine: Any, request: EvalRequest) -> EvalResult:
     if request.plots and runs:
         plots = plot_scores(out, runs) + plot_needles(out, records)
     header = {
-        "model": engine.loaded.model_id,
-        "device": str(engine.device),
+        "model": runtime.loaded.model_id,
+        "device": str(runtime.device),
         "format": fmt,
         "data": str(request.haystack if fmt == "niah" else request.data),
         **({"structures": ", ".join(request.structures)} if request.structures else {}),

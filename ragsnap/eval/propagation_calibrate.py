@@ -15,7 +15,6 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from ragsnap.compression.base import Press
 from ragsnap.compression.full import FullPress
@@ -23,9 +22,12 @@ from ragsnap.compression.layer_budgets import model_fingerprint
 from ragsnap.compression.propagate import PropagatePress
 from ragsnap.eval.fidelity import fidelities, full_reference
 from ragsnap.eval.items import EvalItem
+from ragsnap.prompt.assembly import DEFAULT_DOCUMENT_ORDER
 from ragsnap.prompt.focus import prompt_focus
+from ragsnap.prompt.order import fit_prompt
 from ragsnap.prompt.structure import prompt_roles
 from ragsnap.runtime.generation import GenerationConfig
+from ragsnap.runtime.model_runtime import ModelRuntime
 
 TOLERANCE = 1.25
 
@@ -55,19 +57,24 @@ class PropagationCalibration:
 
 
 def item_kls(
-    engine: Any,
+    runtime: ModelRuntime,
     item: EvalItem,
     generation: GenerationConfig,
     base: Press,
     grid: Sequence[tuple[int, float]],
 ) -> tuple[float, list[float], list[float]]:
     """KL of ``base`` on the full path, and per grid point its KL and prefill seconds."""
-    runtime = engine.runtime
-    layout = engine.build_prompt(
-        item.question, item.documents, generation, answer_prefix=item.answer_prefix
+    layout = fit_prompt(
+        runtime.tokenizer,
+        runtime.loaded.context_length,
+        item.question,
+        item.documents,
+        generation.max_new_tokens,
+        DEFAULT_DOCUMENT_ORDER,
+        answer_prefix=item.answer_prefix,
     )
-    roles = prompt_roles(engine.tokenizer, layout)
-    focus = prompt_focus(engine.tokenizer, layout)
+    roles = prompt_roles(runtime.tokenizer, layout)
+    focus = prompt_focus(runtime.tokenizer, layout)
     full = runtime.prefill_prompt(layout, FullPress())
     reference = full_reference(runtime, full, runtime.generate(full, generation))
     prefills = [runtime.prefill_prompt(layout, base, roles=roles, focus=focus)]
@@ -82,7 +89,7 @@ def item_kls(
 
 
 def calibrate_propagation(
-    engine: Any,
+    runtime: ModelRuntime,
     items: Sequence[EvalItem],
     generation: GenerationConfig,
     base: Press,
@@ -96,12 +103,12 @@ def calibrate_propagation(
 ) -> PropagationCalibration:
     """Sweep ``grid`` over ``items`` and choose ``(s, p)`` (see the module docstring); where
     no point holds the tolerance, the one with the lowest KL."""
-    num_layers = int(engine.loaded.model.config.num_hidden_layers)
+    num_layers = int(runtime.loaded.model.config.num_hidden_layers)
     base_kls: list[float] = []
     kls: list[list[float]] = [[] for _ in grid]
     times: list[list[float]] = [[] for _ in grid]
     for item in items:
-        base_kl, point_kls, seconds = item_kls(engine, item, generation, base, grid)
+        base_kl, point_kls, seconds = item_kls(runtime, item, generation, base, grid)
         base_kls.append(base_kl)
         for i, (kl, s) in enumerate(zip(point_kls, seconds, strict=True)):
             kls[i].append(kl)
@@ -127,7 +134,7 @@ def calibrate_propagation(
         else min(sweep, key=lambda p: p["kl"])
     )
     return PropagationCalibration(
-        model=model_fingerprint(engine.loaded.model.config),
+        model=model_fingerprint(runtime.loaded.model.config),
         layer=int(best["layer"]),
         share=float(best["share"]),
         budget=budget,

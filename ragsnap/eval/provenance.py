@@ -49,7 +49,7 @@ def source_checkout(package_dir: Path | None = None) -> dict[str, Any] | None:
 
 
 def provenance(
-    engine: Any,
+    runtime: Any,
     grid_configs: Sequence[dict[str, Any]],
     argv: Sequence[str] | None = None,
     layer_profile: str | None = None,
@@ -61,7 +61,7 @@ def provenance(
 
     from ragsnap.compression.layer_budgets import profile_digest
 
-    loaded = getattr(engine, "loaded", None)
+    loaded = getattr(runtime, "loaded", None)
     return {
         "ragsnap": _version(),
         "checkout": source_checkout(),
@@ -71,7 +71,7 @@ def provenance(
         "platform": platform.platform(),
         "model": getattr(loaded, "model_id", None),
         "model_revision": getattr(loaded, "revision", None),
-        "device": str(getattr(engine, "device", "")),
+        "device": str(getattr(runtime, "device", "")),
         "dtype": str(getattr(getattr(loaded, "model", None), "dtype", "")) or None,
         "matmul_precision": getattr(loaded, "matmul_precision", None),
         "threads": torch.get_num_threads(),

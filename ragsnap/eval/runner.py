@@ -37,8 +37,10 @@ from ragsnap.prompt.assembly import (
     format_document,
 )
 from ragsnap.prompt.focus import prompt_focus
+from ragsnap.prompt.order import fit_prompt
 from ragsnap.prompt.structure import prompt_roles
 from ragsnap.runtime.generation import GenerationConfig
+from ragsnap.runtime.model_runtime import ModelRuntime
 
 __all__ = ["EvalOutcome", "GridPoint", "evaluate_item", "press_grid", "run_items"]
 
@@ -99,7 +101,7 @@ class _Decoded:
 
 
 def _decode_rows(
-    engine: Any,
+    runtime: ModelRuntime,
     prefills: Sequence[Any],
     generation: GenerationConfig,
     stop: Any,
@@ -108,7 +110,7 @@ def _decode_rows(
     """Greedy answers of every prefill as rows of one batch: ``(tokens, decode_s, steps)``.
 
     ``decode`` (decode-phase SnapKV) applies to every row but the first (the full cache)."""
-    batch = engine.runtime.decode_batch()
+    batch = runtime.decode_batch()
     rows = [
         batch.add(i, p, generation, stop, decode_compression=decode if i else None)
         for i, p in enumerate(prefills)
@@ -119,7 +121,7 @@ def _decode_rows(
 
 
 def evaluate_item(
-    engine: Any,
+    runtime: ModelRuntime,
     item: EvalItem,
     grid: Sequence[GridPoint],
     generation: GenerationConfig,
@@ -131,17 +133,23 @@ def evaluate_item(
 
     With ``decode``, compressed caches also re-select while decoding; their answers show
     it, their teacher-forced fidelity (over the prompt's cache) does not."""
-    layout = engine.build_prompt(
-        item.question, item.documents, generation, answer_prefix=item.answer_prefix, order=order
+    layout = fit_prompt(
+        runtime.tokenizer,
+        runtime.loaded.context_length,
+        item.question,
+        item.documents,
+        generation.max_new_tokens,
+        order,
+        answer_prefix=item.answer_prefix,
     )
     length = layout.num_tokens
-    roles = prompt_roles(engine.tokenizer, layout)
+    roles = prompt_roles(runtime.tokenizer, layout)
     presses = [g.instance for g in grid]
-    focus = prompt_focus(engine.tokenizer, layout) if uses_focus(*presses) else None
-    results = engine.runtime.prefill_many(
+    focus = prompt_focus(runtime.tokenizer, layout) if uses_focus(*presses) else None
+    results = runtime.prefill_many(
         layout.input_ids, presses, roles=roles, focus=focus, layout=layout
     )
-    stop = answer_stopper(item, engine.tokenizer)
+    stop = answer_stopper(item, runtime.tokenizer)
     compressed = [
         i
         for i, result in enumerate(results[1:], start=1)
@@ -149,11 +157,11 @@ def evaluate_item(
     ]
     # the full cache and every compressed cache decode together: one model call per step
     answers = _decode_rows(
-        engine, [results[0]] + [results[i] for i in compressed], generation, stop, decode
+        runtime, [results[0]] + [results[i] for i in compressed], generation, stop, decode
     )
     full_tokens, full_s, full_steps = answers[0]
     started = time.perf_counter()
-    reference = full_reference(engine.runtime, results[0], full_tokens)
+    reference = full_reference(runtime, results[0], full_tokens)
     exact = {"kl": 0.0, "nll_gap": 0.0, "fidelity_tokens": len(full_tokens)}
     batch = 1 + len(compressed)
     decoded = {0: _Decoded(full_tokens, exact, full_s, full_steps, 0.0, batch)}
@@ -163,11 +171,11 @@ def evaluate_item(
             decoded[i] = _Decoded(full_tokens, dict(exact), 0.0, 0, 0.0, 0)
     if compressed:
         started = time.perf_counter()
-        fids = fidelities(engine.runtime, [results[i] for i in compressed], reference)
+        fids = fidelities(runtime, [results[i] for i in compressed], reference)
         fid_s = (time.perf_counter() - started) / len(compressed)
         for i, fid, (tokens, seconds, steps) in zip(compressed, fids, answers[1:], strict=True):
             decoded[i] = _Decoded(tokens, fid, seconds, steps, fid_s, batch)
-    text = engine.tokenizer.decode
+    text = runtime.tokenizer.decode
     full_answer = text(full_tokens, skip_special_tokens=True)
     in_prompt = {d.id for d in layout.documents}
     gold = [g for g in item.gold_doc_ids if g in in_prompt]
@@ -176,7 +184,7 @@ def evaluate_item(
         for d, span in zip(layout.documents, layout.doc_spans, strict=True)
         if d.id in set(gold)
     ]
-    value_spans = evidence_token_spans(engine.tokenizer, layout, item, "value_span")
+    value_spans = evidence_token_spans(runtime.tokenizer, layout, item, "value_span")
     records = []
     for i, (point, result) in enumerate(zip(grid, results, strict=True)):
         out = decoded[i]
@@ -185,7 +193,7 @@ def evaluate_item(
         citations = extract_citations(answer, layout.documents)  # the model's own markers
         scores = score_answer(item.type, answer, item.answers, item.answer_groups)
         cite_scores, cite_detail, attribution_s = citation_methods(
-            engine,
+            runtime,
             layout,
             item.question,
             result,
@@ -254,7 +262,7 @@ def evaluate_item(
 
 
 def run_items(
-    engine: Any,
+    runtime: ModelRuntime,
     items: Sequence[EvalItem],
     grid: Sequence[GridPoint],
     store: PredictionStore,
@@ -288,7 +296,7 @@ def run_items(
         for item in todo:
             bar.set_postfix_str(item.id[:24])
             try:
-                records = evaluate_item(engine, item, grid, generation, dataset, decode, order)
+                records = evaluate_item(runtime, item, grid, generation, dataset, decode, order)
             except RagSnapError as exc:
                 logger.warning("item %s skipped: %s", item.id, exc)
                 outcome.malformed.append(Malformed(item.id, str(exc)))

@@ -1,0 +1,43 @@
+"""A model and its runtime as the configuration says: what the engine builds on, and what
+measurement tools (``ragsnap eval``, ``calibrate``, ``diagnose``, ``bench``) drive
+directly, with the same threads, dtype and drafting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ragsnap.engine.config import EngineConfig
+from ragsnap.runtime.loading.models import LoadedModel, load_model
+from ragsnap.runtime.model_runtime import ModelRuntime
+from ragsnap.runtime.threads import configure_threads
+
+
+def configured_model(config: EngineConfig, **load_options: Any) -> LoadedModel:
+    """Set the config's threads, then load its model (``load_options``: see
+    :func:`load_model`, e.g. ``attn_implementation``, ``revision``)."""
+    configure_threads(config.threads)
+    return load_model(
+        config.model,
+        device=config.device,
+        dtype=config.dtype,
+        matmul_precision=config.matmul_precision,
+        **load_options,
+    )
+
+
+def runtime_for(
+    loaded: LoadedModel, config: EngineConfig, chunk: int | None = None
+) -> ModelRuntime:
+    """The runtime of ``loaded`` with the config's drafting (``chunk``: prefill chunk)."""
+    return ModelRuntime(
+        loaded,
+        chunk=chunk,
+        speculate=config.speculate,
+        ngrams=config.speculate_ngrams,
+        commit_drafts=config.commit_lookahead,
+    )
+
+
+def load_runtime(config: EngineConfig, **load_options: Any) -> ModelRuntime:
+    """A runtime on the config's model, without an engine: no cache tiers, no citations."""
+    return runtime_for(configured_model(config, **load_options), config)
