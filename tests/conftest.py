@@ -45,7 +45,7 @@ def engine():
 def tiny(monkeypatch):
     """A tiny random Llama engine that ``RagSnapEngine.load`` and ``from_config`` return
     (CLI tests), with the configuration they were given; ``load_runtime`` returns its
-    runtime (``eval``, ``calibrate``, ``diagnose``)."""
+    runtime (``eval``, ``calibrate``, ``diagnose``), and so does ``plain_runtime`` (``bench``)."""
     from ragsnap.engine.config import EngineConfig, configured
     from ragsnap.engine.engine import RagSnapEngine
     from tests.tiny_models import tiny_engine
@@ -63,6 +63,7 @@ def tiny(monkeypatch):
     monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(from_config))
     monkeypatch.setattr(RagSnapEngine, "load", classmethod(load))
     monkeypatch.setattr("ragsnap.engine.loading.load_runtime", lambda config, **k: engine.runtime)
+    monkeypatch.setattr("ragsnap.engine.loading.plain_runtime", lambda **fields: engine.runtime)
     return engine
 
 

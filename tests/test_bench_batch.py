@@ -7,7 +7,6 @@ import json
 import pytest
 
 from ragsnap.cli import main
-from ragsnap.engine.engine import RagSnapEngine
 from tests.tiny_models import tiny_engine
 
 
@@ -80,13 +79,13 @@ def test_bench_batch_compares_packed_and_dense_linears(dtype, monkeypatch, capsy
     engine.runtime.model.to(getattr(torch, dtype))
     linears = pack_linears(engine.runtime.model)
     Packed = PackedLinear if dtype == "bfloat16" else HalfWeightLinear
-    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: engine))
+    monkeypatch.setattr("ragsnap.engine.loading.plain_runtime", lambda **k: engine.runtime)
     import ragsnap.cli.bench.batch as batch
 
     layouts, real = [], batch.timed_batch
 
     def timed(engine_, prefills, steps):  # which layout each timed run decoded with
-        packed = sum(isinstance(m, Packed) for m in engine_.runtime.model.modules())
+        packed = sum(isinstance(m, Packed) for m in engine_.model.modules())
         layouts.append("packed" if packed == linears else "dense" if packed == 0 else "mixed")
         return real(engine_, prefills, steps)
 
@@ -114,13 +113,13 @@ def test_bench_batch_compare_pass_alternates_lean_and_tree(monkeypatch, capsys) 
     engine = tiny_engine("qwen2")
     lean = engine.runtime.lean
     assert lean is not None
-    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: engine))
+    monkeypatch.setattr("ragsnap.engine.loading.plain_runtime", lambda **k: engine.runtime)
     import ragsnap.cli.bench.batch as batch
 
     paths, real = [], batch.timed_batch
 
     def timed(engine_, prefills, steps):  # which pass each timed run decoded with
-        paths.append("lean" if engine_.runtime.lean is lean else "tree")
+        paths.append("lean" if engine_.lean is lean else "tree")
         return real(engine_, prefills, steps)
 
     monkeypatch.setattr(batch, "timed_batch", timed)
@@ -135,7 +134,7 @@ def test_bench_batch_compare_pass_alternates_lean_and_tree(monkeypatch, capsys) 
 
 def test_bench_batch_compare_pass_needs_a_llama_family_model(monkeypatch, capsys) -> None:
     engine = tiny_engine("gemma3")
-    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: engine))
+    monkeypatch.setattr("ragsnap.engine.loading.plain_runtime", lambda **k: engine.runtime)
     args = ["bench", "batch", "--concurrency", "1", "--context", "120", "--budget", "48"]
     assert main([*args, "--decode-tokens", "2", "--repeats", "1", "--compare-pass"]) == 2
     assert "--compare-pass" in capsys.readouterr().err

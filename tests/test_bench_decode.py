@@ -8,7 +8,6 @@ import pytest
 
 from ragsnap.cli import main
 from ragsnap.cli.bench.decode import parse_contexts, prompt_of_length
-from ragsnap.engine.engine import RagSnapEngine
 from ragsnap.errors import ConfigError
 from tests.tiny_models import HEAD_DIM, KV_HEADS
 
@@ -93,9 +92,7 @@ def test_bad_contexts(text: str) -> None:
 
 
 def test_bench_bad_press_is_one_line(capsys, monkeypatch) -> None:
-    monkeypatch.setattr(
-        RagSnapEngine, "from_config", classmethod(lambda *a, **k: pytest.fail("loaded"))
-    )
+    monkeypatch.setattr("ragsnap.engine.loading.plain_runtime", lambda **k: pytest.fail("loaded"))
     assert main(["bench", "decode", "--context", "4096", "--press", "magic"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ragsnap: error: unknown press")

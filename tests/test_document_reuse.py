@@ -400,9 +400,7 @@ def test_pieces_in_redis_carry_the_store_ttl_and_are_reused(redis_server):
 def test_bench_reuse_serves_every_share_from_the_tier(engine, tmp_path, capsys, monkeypatch):
     from ragsnap.cli import main
 
-    monkeypatch.setattr(
-        RagSnapEngine, "load", classmethod(lambda cls, *a, **kw: cls(engine.loaded))
-    )
+    monkeypatch.setattr("ragsnap.engine.loading.plain_runtime", lambda **k: engine.runtime)
     rng = random.Random(5)
     topics = ["river", "castle", "comet", "violin", "glacier", "harbor"]
     records = [

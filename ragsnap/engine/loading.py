@@ -41,3 +41,13 @@ def runtime_for(
 def load_runtime(config: EngineConfig, **load_options: Any) -> ModelRuntime:
     """A runtime on the config's model, without an engine: no cache tiers, no citations."""
     return runtime_for(configured_model(config, **load_options), config)
+
+
+def plain_runtime(**fields: Any) -> ModelRuntime:
+    """A runtime that decodes plainly (no drafted or committed tokens), as benchmarks of the
+    runtime measure it: ``fields`` are :class:`EngineConfig` fields (None: not given)."""
+    from ragsnap.engine.config import configured
+
+    given = {name: value for name, value in fields.items() if value is not None}
+    plain = {"speculate": 0, "speculate_ngrams": False, "commit_lookahead": False}
+    return load_runtime(configured(EngineConfig, **{**given, **plain}))

@@ -73,9 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
-def timed_batch(engine: Any, prefills: list[Any], steps: int) -> tuple[float, int]:
+def timed_batch(runtime: Any, prefills: list[Any], steps: int) -> tuple[float, int]:
     """Seconds for ``steps`` batched decode steps of ``prefills``, and the KV bytes held."""
-    batch = engine.runtime.decode_batch(stop_ids=set())
+    batch = runtime.decode_batch(stop_ids=set())
     for i, p in enumerate(prefills):
         batch.add(i, p, GenerationConfig(max_new_tokens=steps + 2))
     batch.step()  # the first call allocates: not timed
@@ -92,10 +92,10 @@ def _quantiles(values: list[float]) -> dict[str, float]:
 
 
 def token_gaps(
-    engine: Any, rows: list[Any], prompt: list[int], press: Any, chunks: list[int], steps: int
+    runtime: Any, rows: list[Any], prompt: list[int], press: Any, chunks: list[int], steps: int
 ) -> list[dict[str, Any]]:
     """Gaps between decode steps of ``rows``, idle and while ``prompt`` prefills in chunks."""
-    batch = engine.runtime.decode_batch(stop_ids=set())
+    batch = runtime.decode_batch(stop_ids=set())
     for i, p in enumerate(rows):
         # enough for the idle steps and one step per chunk of every prefill below
         longest = steps + 4 + sum(len(prompt) // chunk + 2 for chunk in chunks)
@@ -113,9 +113,9 @@ def token_gaps(
     for chunk in chunks:
         stamps.clear()
         step()
-        engine.runtime.chunk = chunk
+        runtime.chunk = chunk
         began = time.perf_counter()
-        engine.runtime.prefill(prompt, press, on_chunk=step)
+        runtime.prefill(prompt, press, on_chunk=step)
         prefill_s = time.perf_counter() - began  # includes the decode steps between chunks
         step()
         during = _quantiles([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
@@ -129,12 +129,12 @@ def token_gaps(
                 "p95_ratio": round(during["p95_ms"] / idle["p95_ms"], 2),
             }
         )
-    engine.runtime.chunk = None
+    runtime.chunk = None
     return out
 
 
 def alternate(
-    engine: Any,
+    runtime: Any,
     prefills: list[Any],
     levels: list[int],
     steps: int,
@@ -148,7 +148,7 @@ def alternate(
         for name, use in variants:
             use()
             for c in levels:
-                elapsed, _ = timed_batch(engine, prefills[:c], steps)
+                elapsed, _ = timed_batch(runtime, prefills[:c], steps)
                 seconds.setdefault((name, c), []).append(elapsed / steps)
     (first, _), (second, _) = variants
     rows = []
@@ -166,12 +166,12 @@ def alternate(
 
 
 def compare_linears(
-    engine: Any, prefills: list[Any], levels: list[int], steps: int, repeats: int
+    runtime: Any, prefills: list[Any], levels: list[int], steps: int, repeats: int
 ) -> list[dict[str, Any]]:
     """Per concurrency, ms per decode step with packed and with dense linears (medians)."""
     from ragsnap.runtime.loading.cpu_linears import pack_linears, unpack_linears
 
-    model = engine.runtime.model
+    model = runtime.model
     if unpack_linears(model) == 0:
         raise ConfigError(
             "--compare-linears: the model has no packed linears (they are used on CPU only, "
@@ -179,16 +179,15 @@ def compare_linears(
         )
     variants = [("packed", lambda: pack_linears(model)), ("dense", lambda: unpack_linears(model))]
     try:
-        return alternate(engine, prefills, levels, steps, repeats, variants)
+        return alternate(runtime, prefills, levels, steps, repeats, variants)
     finally:
         pack_linears(model)
 
 
 def compare_pass(
-    engine: Any, prefills: list[Any], levels: list[int], steps: int, repeats: int
+    runtime: Any, prefills: list[Any], levels: list[int], steps: int, repeats: int
 ) -> list[dict[str, Any]]:
     """Per concurrency, ms per decode step with the lean pass and with the module tree."""
-    runtime = engine.runtime
     lean = runtime.lean
     if lean is None:
         raise ConfigError("--compare-pass: this model has no lean pass (Llama, Mistral, Qwen2)")
@@ -198,25 +197,24 @@ def compare_pass(
 
     try:
         return alternate(
-            engine, prefills, levels, steps, repeats, [("lean", use(lean)), ("tree", use(None))]
+            runtime, prefills, levels, steps, repeats, [("lean", use(lean)), ("tree", use(None))]
         )
     finally:
         runtime.lean = lean
 
 
 def compare_tails(
-    engine: Any, press: Any, context: int, levels: list[int], repeats: int, threads: int
+    runtime: Any, press: Any, context: int, levels: list[int], repeats: int, threads: int
 ) -> list[dict[str, Any]]:
     """Per concurrency, seconds to finish that many prefix hits in one group with the rows
     compressed in turn and side by side (medians; the shared passes' part of each)."""
     from ragsnap.compression.words import word_starts
     from ragsnap.runtime import tails as _tails
 
-    runtime = engine.runtime
     tail_tokens = 40
-    prompts = [prompt_of_length(engine, context + tail_tokens, seed=i) for i in range(max(levels))]
+    prompts = [prompt_of_length(runtime, context + tail_tokens, seed=i) for i in range(max(levels))]
     prefixes = [runtime.prefill_full(p[:context]) for p in prompts]
-    words = [word_starts(engine.tokenizer, p) for p in prompts]
+    words = [word_starts(runtime.tokenizer, p) for p in prompts]
     seconds: dict[tuple[str, int], list[tuple[float, float]]] = {}
     scratch: list[tuple[torch.Tensor, torch.Tensor]] = []  # batch memory, reused
     pool = runtime.row_workers(threads)  # the server's workers
@@ -258,16 +256,16 @@ def compare_tails(
 
 
 def measure(
-    engine: Any, args: argparse.Namespace, levels: list[int]
+    runtime: Any, args: argparse.Namespace, levels: list[int]
 ) -> tuple[list[dict[str, Any]], list[Any]]:
     """The throughput rows, and the compressed prefills they decoded."""
     from ragsnap.compression import FullPress, make_press
 
     press = make_press(args.press, budget=args.budget)
-    prompts = [prompt_of_length(engine, args.context, seed=i) for i in range(max(levels))]
+    prompts = [prompt_of_length(runtime, args.context, seed=i) for i in range(max(levels))]
     prefills: dict[str, list[Any]] = {"compressed": [], "full": []}
     for prompt in prompts:
-        full, compressed = engine.runtime.prefill_many(prompt, [FullPress(), press])
+        full, compressed = runtime.prefill_many(prompt, [FullPress(), press])
         prefills["full"].append(full)
         prefills["compressed"].append(compressed)
     rows = []
@@ -275,7 +273,7 @@ def measure(
         single_tps = None
         for c in levels:
             runs = [
-                timed_batch(engine, cached[:c], args.decode_tokens) for _ in range(args.repeats)
+                timed_batch(runtime, cached[:c], args.decode_tokens) for _ in range(args.repeats)
             ]
             seconds = statistics.median(s for s, _ in runs)
             tps = c * args.decode_tokens / seconds
@@ -294,7 +292,7 @@ def measure(
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.engine.loading import plain_runtime
 
     try:
         levels = sorted({int(c) for c in args.concurrency.split(",")})
@@ -309,24 +307,27 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_tails and args.threads < 2:
         raise ConfigError("--compare-tails needs --threads 2 or more", field="threads")
     torch.set_num_threads(args.threads)
-    engine = RagSnapEngine.load(
-        args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+    runtime = plain_runtime(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        matmul_precision=args.matmul_precision,
     )
     if args.compare_tails:
         from ragsnap.compression import make_press
         from ragsnap.runtime.tails import Tail
 
         tail_press = make_press(args.press, budget=args.budget)
-        if not engine.runtime.tails_batchable([Tail([0, 0], [], 1, tail_press)]):
+        if not runtime.tails_batchable([Tail([0, 0], [], 1, tail_press)]):
             raise ConfigError(
                 f"--compare-tails: this model finishes prefix hits of {args.press!r} one by "
                 "one, not together",
                 field="press",
             )
-    results, compressed = measure(engine, args, levels)
+    results, compressed = measure(runtime, args, levels)
     report: dict[str, Any] = {
-        "model": engine.loaded.model_id,
-        "device": str(engine.device),
+        "model": runtime.loaded.model_id,
+        "device": str(runtime.device),
         "threads": args.threads,
         "context": args.context,
         "budget": args.budget,
@@ -339,18 +340,18 @@ def run(args: argparse.Namespace) -> int:
 
         press = make_press(args.press, budget=args.budget)
         rows = compressed[: max(levels)]
-        fresh = prompt_of_length(engine, args.context, seed=999)
+        fresh = prompt_of_length(runtime, args.context, seed=999)
         chunks = [int(c) for c in args.gap_chunks.split(",")]
-        report["gaps"] = token_gaps(engine, rows, fresh, press, chunks, args.decode_tokens)
+        report["gaps"] = token_gaps(runtime, rows, fresh, press, chunks, args.decode_tokens)
     if args.compare_linears:
         report["linears"] = compare_linears(
-            engine, compressed, levels, args.decode_tokens, args.repeats
+            runtime, compressed, levels, args.decode_tokens, args.repeats
         )
     if args.compare_pass:
-        report["pass"] = compare_pass(engine, compressed, levels, args.decode_tokens, args.repeats)
+        report["pass"] = compare_pass(runtime, compressed, levels, args.decode_tokens, args.repeats)
     if args.compare_tails:
         report["tails"] = compare_tails(
-            engine, tail_press, args.context, levels, args.repeats, args.threads
+            runtime, tail_press, args.context, levels, args.repeats, args.threads
         )
     if (
         args.json

@@ -114,18 +114,18 @@ def filler_document(tokens: int, seed: int = 0) -> str:
     return " ".join(sentences)
 
 
-def prompt_of_length(engine: Any, length: int, seed: int = 0) -> list[int]:
+def prompt_of_length(runtime: Any, length: int, seed: int = 0) -> list[int]:
     """A chat prompt of exactly ``length`` tokens: notes truncated to fit, the question last."""
-    return layout_of_length(engine, length, seed).input_ids
+    return layout_of_length(runtime, length, seed).input_ids
 
 
-def layout_of_length(engine: Any, length: int, seed: int = 0) -> Any:
+def layout_of_length(runtime: Any, length: int, seed: int = 0) -> Any:
     """The :class:`~ragsnap.prompt.assembly.PromptLayout` of :func:`prompt_of_length`."""
     from ragsnap.prompt.assembly import assemble_prompt
     from ragsnap.prompt.documents import Document
 
     doc = Document(id="notes", title="Town notes", text=filler_document(length, seed))
-    layout = assemble_prompt(engine.tokenizer, QUESTION, [doc], max_prompt_tokens=length)
+    layout = assemble_prompt(runtime.tokenizer, QUESTION, [doc], max_prompt_tokens=length)
     if layout.num_tokens != length:
         raise ConfigError(
             f"cannot build a {length}-token prompt (got {layout.num_tokens})", field="context"
@@ -133,14 +133,14 @@ def layout_of_length(engine: Any, length: int, seed: int = 0) -> Any:
     return layout
 
 
-def timed_decode(engine: Any, prefills: list[Any], steps: int) -> list[float]:
+def timed_decode(runtime: Any, prefills: list[Any], steps: int) -> list[float]:
     """Greedy-decode ``steps`` tokens from each prefill (a batch of one each), in turn.
 
     Returns the mean ms/token of each. Stop tokens are ignored: every run does ``steps``.
     """
     batches = []
     for prefill in prefills:
-        batch = engine.runtime.decode_batch(stop_ids=set())
+        batch = runtime.decode_batch(stop_ids=set())
         batch.add(0, prefill, GenerationConfig(max_new_tokens=steps + 1))
         batches.append(batch)
     for _ in range(steps):
@@ -150,24 +150,24 @@ def timed_decode(engine: Any, prefills: list[Any], steps: int) -> list[float]:
 
 
 def measure(
-    engine: Any, press: Any, contexts: list[int], budget: int, repeats: int, steps: int
+    runtime: Any, press: Any, contexts: list[int], budget: int, repeats: int, steps: int
 ) -> list[DecodeResult]:
     """Interleaved repetitions over ``contexts``; medians per context."""
     from ragsnap.compression import FullPress
 
-    prompts = {n: prompt_of_length(engine, n) for n in contexts}
-    floor_prompt = prompt_of_length(engine, budget)
+    prompts = {n: prompt_of_length(runtime, n) for n in contexts}
+    floor_prompt = prompt_of_length(runtime, budget)
     # warm-up: first calls allocate and pick kernels
-    warm = engine.runtime.prefill(floor_prompt, FullPress())
-    timed_decode(engine, [warm], 2)
+    warm = runtime.prefill(floor_prompt, FullPress())
+    timed_decode(runtime, [warm], 2)
     samples: dict[int, list[dict[str, float]]] = {n: [] for n in contexts}
     bytes_seen: dict[int, tuple[int, int]] = {}
     for rep in range(repeats):
         for n in contexts:
-            full, compressed = engine.runtime.prefill_many(prompts[n], [FullPress(), press])
-            floor = engine.runtime.prefill(floor_prompt, FullPress())
+            full, compressed = runtime.prefill_many(prompts[n], [FullPress(), press])
+            floor = runtime.prefill(floor_prompt, FullPress())
             ms_full, ms_compressed, ms_floor = timed_decode(
-                engine, [full, compressed, floor], steps
+                runtime, [full, compressed, floor], steps
             )
             samples[n].append(
                 {
@@ -220,7 +220,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ragsnap.compression import make_press
-    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.engine.loading import plain_runtime
 
     if args.budget < 1:
         raise ConfigError(f"--budget must be positive, got {args.budget}", field="budget")
@@ -237,20 +237,23 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--threads must be at least 1", field="threads")
         torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(
-            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        runtime = plain_runtime(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            matmul_precision=args.matmul_precision,
         )
     longest = max(contexts)
-    if longest + args.decode_tokens > engine.loaded.context_length:
+    if longest + args.decode_tokens > runtime.loaded.context_length:
         raise ConfigError(
             f"--context {longest} plus {args.decode_tokens} decode tokens exceeds the model's "
-            f"context of {engine.loaded.context_length}",
+            f"context of {runtime.loaded.context_length}",
             field="context",
         )
-    results = measure(engine, press, contexts, args.budget, args.repeats, args.decode_tokens)
+    results = measure(runtime, press, contexts, args.budget, args.repeats, args.decode_tokens)
     report = {
-        "model": engine.loaded.model_id,
-        "device": str(engine.device),
+        "model": runtime.loaded.model_id,
+        "device": str(runtime.device),
         "budget": args.budget,
         "results": [asdict(r) for r in results],
     }

@@ -60,16 +60,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def measure(
-    engine: Any, presses: dict[str, Any], contexts: list[int], repeats: int
+    runtime: Any, presses: dict[str, Any], contexts: list[int], repeats: int
 ) -> list[dict[str, Any]]:
     """Per context: median prefill seconds per press, median ratio to the first press, and
     the tokens each press drafted (the last repetition's). Prompts are prefilled as the
     engine prefills them (:meth:`~ragsnap.runtime.model_runtime.ModelRuntime.prefill_prompt`)."""
     names = list(presses)
-    layouts = {n: layout_of_length(engine, n) for n in contexts}
+    layouts = {n: layout_of_length(runtime, n) for n in contexts}
 
     def prefill(n: int, name: str) -> Any:
-        return engine.runtime.prefill_prompt(layouts[n], presses[name])
+        return runtime.prefill_prompt(layouts[n], presses[name])
 
     prefill(contexts[0], names[0])  # warm-up
     rows = []
@@ -123,7 +123,7 @@ def _press(name: str, args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.engine.loading import plain_runtime
 
     if args.repeats < 1:
         raise ConfigError("--repeats must be at least 1", field="repeats")
@@ -135,13 +135,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--press is empty", field="press")
     presses = {name: _press(name, args) for name in dict.fromkeys(names)}
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(
-            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        runtime = plain_runtime(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            matmul_precision=args.matmul_precision,
         )
-    rows = measure(engine, presses, contexts, args.repeats)
+    rows = measure(runtime, presses, contexts, args.repeats)
     report = {
-        "model": engine.loaded.model_id,
-        "device": str(engine.device),
+        "model": runtime.loaded.model_id,
+        "device": str(runtime.device),
         "threads": torch.get_num_threads(),
         "budget": args.budget,
         "results": rows,

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     from ragsnap.cache.tiers.cached_prefill import CachedPrefill
     from ragsnap.compression import make_press
     from ragsnap.compression.lookup_focus import uses_focus
-    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.engine.loading import plain_runtime
     from ragsnap.eval.fidelity import compare, full_reference
     from ragsnap.prompt.assembly import assemble_prompt
     from ragsnap.prompt.focus import prompt_focus
@@ -148,10 +148,13 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(
-            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        runtime = plain_runtime(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            matmul_precision=args.matmul_precision,
         )
-    runtime, tokenizer = engine.runtime, engine.tokenizer
+    tokenizer = runtime.tokenizer
     press = make_press(args.press, budget=args.budget, window=args.window)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     scratch = tempfile.TemporaryDirectory(prefix="ragsnap-bench-reuse-")
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     tiers = {
         name(share, select): CachedPrefill(
             runtime,
-            engine.loaded,
+            runtime.loaded,
             store,
             prefix_cache=False,
             document_cache=True,
@@ -252,9 +255,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     needles = [r for r in rows if r["needle"]]
     base_kl = statistics.fmean(r["0.0"]["kl"] for r in rows) if shares[0] == 0 else None
     result: dict[str, Any] = {
-        "model": engine.loaded.model_id,
-        "device": str(engine.loaded.device),
-        "dtype": str(next(engine.loaded.model.parameters()).dtype).removeprefix("torch."),
+        "model": runtime.loaded.model_id,
+        "device": str(runtime.loaded.device),
+        "dtype": str(next(runtime.loaded.model.parameters()).dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "press": press.config(),
         "select": selects,

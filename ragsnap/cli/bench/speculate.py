@@ -21,7 +21,7 @@ import logging
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -31,6 +31,14 @@ from ragsnap.compression import DEFAULT_PRESS
 from ragsnap.errors import ConfigError
 
 logger = logging.getLogger(__name__)
+
+
+class Prepared(NamedTuple):
+    """A workload prompt after its prefill: what a decode row needs."""
+
+    layout: Any
+    prefill: Any
+    generation: Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,17 +71,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def decode_all(engine: Any, prepared: list[Any], rows: int, mode: str) -> dict[str, Any]:
+def decode_all(runtime: Any, prepared: list[Any], rows: int, mode: str) -> dict[str, Any]:
     """Decode every prepared answer, ``rows`` at a time, drafting as ``mode`` says."""
     speculate, _, ngrams = mode.partition("+")
-    engine.runtime.speculate, engine.runtime.ngrams = int(speculate), bool(ngrams)
+    runtime.speculate, runtime.ngrams = int(speculate), bool(ngrams)
     answers: list[list[int]] = []
     seconds = 0.0
     passes = proposed = accepted = 0
     for start in range(0, len(prepared), rows):
-        batch = engine.runtime.decode_batch()
+        batch = runtime.decode_batch()
         group = [
-            batch.add(i, p.prefill, p.options.generation, context=p.layout.input_ids)
+            batch.add(i, p.prefill, p.generation, context=p.layout.input_ids)
             for i, p in enumerate(prepared[start : start + rows])
         ]
         began = time.perf_counter()
@@ -96,7 +104,7 @@ def decode_all(engine: Any, prepared: list[Any], rows: int, mode: str) -> dict[s
 
 
 def measure(
-    engine: Any, prepared: list[Any], levels: list[int], modes: list[str], repeats: int
+    runtime: Any, prepared: list[Any], levels: list[int], modes: list[str], repeats: int
 ) -> list[dict[str, Any]]:
     """The JSON rows: per concurrency and mode, medians over ``repeats`` (speed-ups are to
     the first mode)."""
@@ -105,7 +113,7 @@ def measure(
         runs: dict[str, list[dict[str, Any]]] = {k: [] for k in modes}
         for rep in range(repeats):
             for k in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
-                runs[k].append(decode_all(engine, prepared, c, k))
+                runs[k].append(decode_all(runtime, prepared, c, k))
             logger.info("concurrency %d, repetition %d/%d", c, rep + 1, repeats)
         base = runs[modes[0]]
         for k in modes:
@@ -133,36 +141,48 @@ def measure(
     return out
 
 
-def prepare(engine: Any, args: argparse.Namespace) -> list[Any]:
-    """Every prompt of the workload, prefilled with the press (no cache)."""
+def prepare(runtime: Any, args: argparse.Namespace) -> list[Prepared]:
+    """Every prompt of the workload, prefilled with the press (no cache), as the engine
+    prefills a miss."""
     from ragsnap.cli.bench.peer_workload import build_workload, load_workload_items
     from ragsnap.compression import make_press
-    from ragsnap.engine.engine import AnswerOptions
+    from ragsnap.compression.lookup_focus import uses_focus
+    from ragsnap.prompt.focus import prompt_focus
+    from ragsnap.prompt.order import fit_prompt
+    from ragsnap.prompt.structure import prompt_roles
     from ragsnap.runtime.generation import GenerationConfig
 
     items = load_workload_items(
-        args.format, args.data, args.seed, args.context_tokens, engine.tokenizer
+        args.format, args.data, args.seed, args.context_tokens, runtime.tokenizer
     )
     try:
         workload = build_workload(
             items,
-            engine.tokenizer,
+            runtime.tokenizer,
             levels=[1],
             prompts=args.prompts,
             context_tokens=args.context_tokens,
-            max_prompt_tokens=engine.loaded.context_length - args.max_new_tokens,
+            max_prompt_tokens=runtime.loaded.context_length - args.max_new_tokens,
         )[1]
     except ValueError as exc:
         raise ConfigError(f"--prompts: {exc}", field="prompts") from None
-    options = AnswerOptions(
-        press=make_press(args.press, budget=args.budget),
-        generation=GenerationConfig(max_new_tokens=args.max_new_tokens),
-        document_order="given",
-    )
+    press = make_press(args.press, budget=args.budget)
+    generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     requests = workload["cold"] + workload["new_question"]
     prepared = []
     for i, request in enumerate(requests):
-        prepared.append(engine.prepare(request.question, request.documents, options))
+        layout = fit_prompt(
+            runtime.tokenizer,
+            runtime.loaded.context_length,
+            request.question,
+            request.documents,
+            args.max_new_tokens,
+            "given",
+        )
+        roles = prompt_roles(runtime.tokenizer, layout)
+        focus = prompt_focus(runtime.tokenizer, layout) if uses_focus(press) else None
+        prefill = runtime.prefill_prompt(layout, press, roles=roles, focus=focus)
+        prepared.append(Prepared(layout, prefill, generation))
         logger.info("prefilled %d/%d", i + 1, len(requests))
     return prepared
 
@@ -194,7 +214,7 @@ def parse_modes(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.engine.loading import plain_runtime
 
     levels = parse_levels(args.concurrency)
     modes = parse_modes(args.speculate)
@@ -204,15 +224,18 @@ def run(args: argparse.Namespace) -> int:
     if not args.data.exists():
         raise ConfigError(f"--data: {args.data} does not exist", field="data")
     with loading_model(args.model, args.device):
-        engine = RagSnapEngine.load(
-            args.model, device=args.device, dtype=args.dtype, matmul_precision=args.matmul_precision
+        runtime = plain_runtime(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            matmul_precision=args.matmul_precision,
         )
-    prepared = prepare(engine, args)
-    rows = measure(engine, prepared, levels, modes, args.repeats)
+    prepared = prepare(runtime, args)
+    rows = measure(runtime, prepared, levels, modes, args.repeats)
     report = {
-        "model": engine.loaded.model_id,
-        "device": str(engine.device),
-        "dtype": str(next(engine.loaded.model.parameters()).dtype).removeprefix("torch."),
+        "model": runtime.loaded.model_id,
+        "device": str(runtime.device),
+        "dtype": str(next(runtime.loaded.model.parameters()).dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "press": args.press,
         "budget": args.budget,

@@ -39,13 +39,12 @@ def run(args: argparse.Namespace) -> int:
     from ragsnap.cache.tiers.cached_prefill import CachedPrefill
     from ragsnap.cli.bench.decode import layout_of_length
     from ragsnap.compression import make_press
-    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.engine.loading import plain_runtime
     from ragsnap.eval.fidelity import compare, full_reference
     from ragsnap.runtime.generation import GenerationConfig
 
     torch.set_num_threads(args.threads)
-    engine = RagSnapEngine.load(args.model, device=args.device, dtype=args.dtype)
-    runtime = engine.runtime
+    runtime = plain_runtime(model=args.model, device=args.device, dtype=args.dtype)
     press = make_press(args.press, budget=args.budget)
     full_press = make_press("full")
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
@@ -55,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     tiers = {
         name: CachedPrefill(
             runtime,
-            engine.loaded,
+            runtime.loaded,
             store,
             prefix_cache=False,
             storage_dtype=None if name == "model" else parse_dtype(name),
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     }
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for seed in range(args.prompts):
-        layout = layout_of_length(engine, args.context, seed=seed)
+        layout = layout_of_length(runtime, args.context, seed=seed)
         full = runtime.prefill(layout.input_ids, full_press)
         reference = full_reference(runtime, full, runtime.generate(full, generation))
         for name, tier in tiers.items():
@@ -95,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
             "kl_added_by_storage": round(kl - base_kl, 5),
         }
     setup = {
-        "model": engine.loaded.model_id,
-        "dtype": str(engine.loaded.model.dtype),
+        "model": runtime.loaded.model_id,
+        "dtype": str(runtime.loaded.model.dtype),
         "threads": args.threads,
         "press": args.press,
         "budget": args.budget,
