@@ -97,3 +97,21 @@ def test_diagnose_runs_with_the_default_presses(engine, capsys, monkeypatch, tmp
     report = json.loads(captured.out)
     assert [p["press"] for p in report["presses"]] == ["snapkv", "wordspan", "attnmatch", "ragsnap"]
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_bad_setting_in_the_environment_is_one_line_naming_it(monkeypatch, capsys, tmp_path):
+    """Read when a command runs, not when the parser is built (every command's parser)."""
+    monkeypatch.setenv("RAGSNAP_MATMUL_PRECISION", "bogus")
+    with pytest.raises(SystemExit) as version:
+        main(["--version"])
+    assert version.value.code == 0
+    capsys.readouterr()
+    doc = tmp_path / "tides.md"
+    doc.write_text("The Moon's gravity causes the tides.")
+    for argv in (["ask", "-q", "Why?", "--docs", str(doc)], ["cache", "stats"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            "ragsnap: error: setting matmul_precision: "
+            "Input should be 'auto', 'highest' or 'medium'"
+        ]

@@ -37,7 +37,7 @@ def test_every_model_command_takes_dtype(monkeypatch):
         assert args.dtype == "float32"
     args = build_parser().parse_args(["ask", "-q", "x", "--docs", "a.md"])
     assert args.dtype is None and config_from_args(args).dtype == "bfloat16"  # the environment's
-    assert build_parser().parse_args(["bench", "batch"]).dtype == "bfloat16"
+    assert config_from_args(build_parser().parse_args(["bench", "batch"])).dtype == "bfloat16"
 
 
 @pytest.mark.model

@@ -39,11 +39,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_dtype_option(parser: argparse.ArgumentParser) -> None:
-    """``--dtype`` and ``--matmul-precision`` for benchmarks, their defaults resolved now
-    (``RAGSNAP_*``, else the config's)."""
+    """``--dtype`` and ``--matmul-precision`` (for benchmarks, which take their own
+    ``--model`` and ``--device``); left out, the configuration decides when the command
+    runs (``RAGSNAP_*``, else the default)."""
     add_config_options(parser, ("dtype", "matmul_precision"))
-    config = configured(EngineConfig)
-    parser.set_defaults(dtype=config.dtype, matmul_precision=config.matmul_precision)
 
 
 def add_press_options(parser: argparse.ArgumentParser) -> None:

@@ -157,10 +157,13 @@ def warmup_request(tokenizer: Any, max_prompt_tokens: int) -> PeerRequest:
 def run(args: argparse.Namespace) -> int:
     from ragsnap.cli.bench import peer_servers as servers
     from ragsnap.cli.bench.peer_workload import build_workload, load_workload_items
+    from ragsnap.engine.options import config_from_args
     from ragsnap.runtime.generation import stop_token_ids
     from ragsnap.runtime.loading import converted_weights
 
     levels, scenarios = parse_levels(args.concurrency), parse_scenarios(args.scenarios)
+    config = config_from_args(args)  # the dtype both servers compute in
+    args.dtype, args.matmul_precision = config.dtype, config.matmul_precision
     args.server_threads = args.server_threads or available_cores()
     if args.setup_vllm:
         args.vllm_python = str(servers.setup_vllm(args.setup_vllm))
