@@ -20,8 +20,6 @@ from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.errors import ConfigError
 from ragsnap.eval.fidelity import fidelities, full_reference
 from ragsnap.eval.items import EvalItem
-from ragsnap.prompt.assembly import DEFAULT_DOCUMENT_ORDER
-from ragsnap.prompt.order import fit_prompt
 from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.model_runtime import ModelRuntime
 
@@ -48,15 +46,7 @@ def item_layer_kl(
     runtime: ModelRuntime, item: EvalItem, generation: GenerationConfig, budget: int
 ) -> list[float]:
     """``[num_layers]`` KL(full || only layer l compressed to ``budget``) for one item."""
-    layout = fit_prompt(
-        runtime.tokenizer,
-        runtime.loaded.context_length,
-        item.question,
-        item.documents,
-        generation.max_new_tokens,
-        DEFAULT_DOCUMENT_ORDER,
-        answer_prefix=item.answer_prefix,
-    )
+    layout = item.prompt(runtime, generation.max_new_tokens)
     num_layers = runtime.loaded.model.config.num_hidden_layers
     presses: list[Press] = [FullPress()] + [
         SingleLayerPress(base=SnapKVPress(budget=budget), layer=i) for i in range(num_layers)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragsnap.prompt.assembly import DEFAULT_DOCUMENT_ORDER, DocumentOrder, PromptLayout
 from ragsnap.prompt.documents import Document
+from ragsnap.prompt.order import fit_prompt
 
 # How an item's answer is scored (see ragsnap.eval.metrics.score_answer).
 ITEM_TYPES = ("yesno", "factoid", "list", "summary", "short", "needle")
@@ -33,6 +35,20 @@ class EvalItem:
     gold_doc_ids: list[str] = field(default_factory=list)
     answer_prefix: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def prompt(
+        self, runtime: Any, max_new_tokens: int, order: DocumentOrder = DEFAULT_DOCUMENT_ORDER
+    ) -> PromptLayout:
+        """This item's prompt for ``runtime``'s model, as a request would get it."""
+        return fit_prompt(
+            runtime.tokenizer,
+            runtime.loaded.context_length,
+            self.question,
+            self.documents,
+            max_new_tokens,
+            order,
+            answer_prefix=self.answer_prefix,
+        )
 
 
 @dataclass

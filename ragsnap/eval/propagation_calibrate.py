@@ -22,9 +22,7 @@ from ragsnap.compression.layer_budgets import model_fingerprint
 from ragsnap.compression.propagate import PropagatePress
 from ragsnap.eval.fidelity import fidelities, full_reference
 from ragsnap.eval.items import EvalItem
-from ragsnap.prompt.assembly import DEFAULT_DOCUMENT_ORDER
 from ragsnap.prompt.focus import prompt_focus
-from ragsnap.prompt.order import fit_prompt
 from ragsnap.prompt.structure import prompt_roles
 from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.model_runtime import ModelRuntime
@@ -64,15 +62,7 @@ def item_kls(
     grid: Sequence[tuple[int, float]],
 ) -> tuple[float, list[float], list[float]]:
     """KL of ``base`` on the full path, and per grid point its KL and prefill seconds."""
-    layout = fit_prompt(
-        runtime.tokenizer,
-        runtime.loaded.context_length,
-        item.question,
-        item.documents,
-        generation.max_new_tokens,
-        DEFAULT_DOCUMENT_ORDER,
-        answer_prefix=item.answer_prefix,
-    )
+    layout = item.prompt(runtime, generation.max_new_tokens)
     roles = prompt_roles(runtime.tokenizer, layout)
     focus = prompt_focus(runtime.tokenizer, layout)
     full = runtime.prefill_prompt(layout, FullPress())

@@ -37,7 +37,6 @@ from ragsnap.prompt.assembly import (
     format_document,
 )
 from ragsnap.prompt.focus import prompt_focus
-from ragsnap.prompt.order import fit_prompt
 from ragsnap.prompt.structure import prompt_roles
 from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.model_runtime import ModelRuntime
@@ -133,15 +132,7 @@ def evaluate_item(
 
     With ``decode``, compressed caches also re-select while decoding; their answers show
     it, their teacher-forced fidelity (over the prompt's cache) does not."""
-    layout = fit_prompt(
-        runtime.tokenizer,
-        runtime.loaded.context_length,
-        item.question,
-        item.documents,
-        generation.max_new_tokens,
-        order,
-        answer_prefix=item.answer_prefix,
-    )
+    layout = item.prompt(runtime, generation.max_new_tokens, order)
     length = layout.num_tokens
     roles = prompt_roles(runtime.tokenizer, layout)
     presses = [g.instance for g in grid]

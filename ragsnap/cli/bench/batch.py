@@ -293,6 +293,7 @@ def measure(
 
 def run(args: argparse.Namespace) -> int:
     from ragsnap.engine.loading import plain_runtime
+    from ragsnap.engine.options import given_fields
 
     try:
         levels = sorted({int(c) for c in args.concurrency.split(",")})
@@ -307,12 +308,7 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_tails and args.threads < 2:
         raise ConfigError("--compare-tails needs --threads 2 or more", field="threads")
     torch.set_num_threads(args.threads)
-    runtime = plain_runtime(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        matmul_precision=args.matmul_precision,
-    )
+    runtime = plain_runtime(**given_fields(args))
     if args.compare_tails:
         from ragsnap.compression import make_press
         from ragsnap.runtime.tails import Tail

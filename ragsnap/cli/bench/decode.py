@@ -221,6 +221,7 @@ def format_table(report: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from ragsnap.compression import make_press
     from ragsnap.engine.loading import plain_runtime
+    from ragsnap.engine.options import given_fields
 
     if args.budget < 1:
         raise ConfigError(f"--budget must be positive, got {args.budget}", field="budget")
@@ -237,12 +238,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--threads must be at least 1", field="threads")
         torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
-        runtime = plain_runtime(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            matmul_precision=args.matmul_precision,
-        )
+        runtime = plain_runtime(**given_fields(args))
     longest = max(contexts)
     if longest + args.decode_tokens > runtime.loaded.context_length:
         raise ConfigError(

@@ -124,6 +124,7 @@ def _press(name: str, args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from ragsnap.engine.loading import plain_runtime
+    from ragsnap.engine.options import given_fields
 
     if args.repeats < 1:
         raise ConfigError("--repeats must be at least 1", field="repeats")
@@ -135,12 +136,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--press is empty", field="press")
     presses = {name: _press(name, args) for name in dict.fromkeys(names)}
     with loading_model(args.model, args.device):
-        runtime = plain_runtime(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            matmul_precision=args.matmul_precision,
-        )
+        runtime = plain_runtime(**given_fields(args))
     rows = measure(runtime, presses, contexts, args.repeats)
     report = {
         "model": runtime.loaded.model_id,

@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     from ragsnap.compression import make_press
     from ragsnap.compression.lookup_focus import uses_focus
     from ragsnap.engine.loading import plain_runtime
+    from ragsnap.engine.options import given_fields
     from ragsnap.eval.fidelity import compare, full_reference
     from ragsnap.prompt.assembly import assemble_prompt
     from ragsnap.prompt.focus import prompt_focus
@@ -148,12 +149,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     with loading_model(args.model, args.device):
-        runtime = plain_runtime(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            matmul_precision=args.matmul_precision,
-        )
+        runtime = plain_runtime(**given_fields(args))
     tokenizer = runtime.tokenizer
     press = make_press(args.press, budget=args.budget, window=args.window)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)

@@ -215,6 +215,7 @@ def parse_modes(text: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ragsnap.engine.loading import plain_runtime
+    from ragsnap.engine.options import given_fields
 
     levels = parse_levels(args.concurrency)
     modes = parse_modes(args.speculate)
@@ -224,12 +225,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.data.exists():
         raise ConfigError(f"--data: {args.data} does not exist", field="data")
     with loading_model(args.model, args.device):
-        runtime = plain_runtime(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            matmul_precision=args.matmul_precision,
-        )
+        runtime = plain_runtime(**given_fields(args))
     prepared = prepare(runtime, args)
     rows = measure(runtime, prepared, levels, modes, args.repeats)
     report = {

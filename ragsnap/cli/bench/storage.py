@@ -40,11 +40,12 @@ def run(args: argparse.Namespace) -> int:
     from ragsnap.cli.bench.decode import layout_of_length
     from ragsnap.compression import make_press
     from ragsnap.engine.loading import plain_runtime
+    from ragsnap.engine.options import given_fields
     from ragsnap.eval.fidelity import compare, full_reference
     from ragsnap.runtime.generation import GenerationConfig
 
     torch.set_num_threads(args.threads)
-    runtime = plain_runtime(model=args.model, device=args.device, dtype=args.dtype)
+    runtime = plain_runtime(**given_fields(args))
     press = make_press(args.press, budget=args.budget)
     full_press = make_press("full")
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
