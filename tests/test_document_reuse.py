@@ -134,7 +134,8 @@ def test_recompute_in_blocks_equals_one_pass(monkeypatch):
     assert _max_diff(full.layers, _kv(model, prefix, 0)) < 1e-4
 
 
-def test_question_selection_ranks_by_the_tails_attention_and_leaves_the_kv_alone():
+def test_question_selection_ranks_by_the_tails_attention_and_leaves_the_kv_alone(monkeypatch):
+    monkeypatch.setattr(blend, "LEAD_TOKENS", 2)  # 6 leading tokens, 9 by the question
     model, head, prefix, placed = _three_pieces()
     tail = random_prompt(6, seed=9)
     cold = _kv(model, prefix, 0)
@@ -153,8 +154,10 @@ def test_question_selection_ranks_by_the_tails_attention_and_leaves_the_kv_alone
     blended = _assemble(model, _kv(model, head, 0), placed, len(prefix))
     expected = question_attention(model, KWARG, blended, tail, hidden)
     body = torch.tensor([p for p in range(len(head), len(prefix)) if not hidden[p]])
-    top = set(body[expected[body].topk(15).indices].tolist())
-    assert set(asked.recomputed) == top | {5, 26, 47}
+    lead = {6, 7, 27, 28, 48, 49}
+    rest = torch.tensor([p for p in body.tolist() if p not in lead])
+    top = set(rest[expected[rest].topk(9).indices].tolist())
+    assert set(asked.recomputed) == top | lead | {5, 26, 47}
     both = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "both", tail)
     assert both.selected == 15 and len(both.recomputed) == 18
     # the whole share is the cold prefix whatever the selection; no tail: by deviation
@@ -166,6 +169,31 @@ def test_question_selection_ranks_by_the_tails_attention_and_leaves_the_kv_alone
     )
     with pytest.raises(ValueError, match="selection"):
         blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "random", tail)
+
+
+def test_question_selection_always_recomputes_each_pieces_leading_tokens(monkeypatch):
+    """EPIC (arXiv 2410.15332): a piece computed alone keeps an attention sink at its first
+    tokens; the question-driven selection takes them first, whatever the question attends."""
+    model, head, prefix, placed = _three_pieces()
+    tail = random_prompt(6, seed=9)
+    starts = [p.start for p in placed]  # 6, 27, 48: right after each label
+    for lead_tokens, share in ((8, 0.5), (3, 0.25), (3, 0.5), (1, 0.1)):
+        monkeypatch.setattr(blend, "LEAD_TOKENS", lead_tokens)
+        for select in ("question", "both"):
+            got = blend_prefix(model, KWARG, prefix, len(head), placed, share, select, tail)
+            budget = got.selected if select == "question" else got.selected // 2
+            lead = blend.leading_positions(placed, len(head)).tolist()
+            assert set(lead[:budget]) <= set(got.recomputed)
+            if budget >= len(lead):
+                assert {s + i for s in starts for i in range(lead_tokens)} <= set(got.recomputed)
+    # a short budget spreads over the pieces: each piece's first token comes first
+    monkeypatch.setattr(blend, "LEAD_TOKENS", 8)
+    assert blend.leading_positions(placed, len(head)).tolist()[:3] == starts
+    one = blend_prefix(model, KWARG, prefix, len(head), placed, 0.05, "question", tail)
+    assert one.selected == 3 and set(one.recomputed) == {5, 26, 47, *starts}
+    # the whole share is still the cold prefix
+    full = blend_prefix(model, KWARG, prefix, len(head), placed, 1.0, "question", tail)
+    assert _max_diff(full.layers, _kv(model, prefix, 0)) < 1e-4
 
 
 def test_a_kept_head_blends_as_a_fresh_one():

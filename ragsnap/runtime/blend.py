@@ -40,6 +40,10 @@ SELECT_LAYER = 1
 # docs/results.md), by layer-SELECT_LAYER KV deviation (CacheBlend), or half by each
 SELECTIONS = ("question", "deviation", "both")
 DEFAULT_SELECTION = "question"
+# a question-driven selection always takes each piece's first LEAD_TOKENS body tokens (out
+# of its share): a piece computed alone put an attention sink there, which the assembled
+# prompt must not keep (EPIC, arXiv 2410.15332, recomputes each chunk's first tokens)
+LEAD_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -250,6 +254,17 @@ def _by_deviation(
     return score
 
 
+def leading_positions(pieces: Sequence[PlacedPiece], head_len: int) -> torch.Tensor:
+    """``[m]`` long: the first ``LEAD_TOKENS`` positions of each piece (at or after
+    ``head_len``), the pieces' first tokens first, so a short budget spreads over pieces."""
+    order: list[int] = []
+    for offset in range(LEAD_TOKENS):
+        order += [
+            p.start + offset for p in pieces if offset < p.length and p.start + offset >= head_len
+        ]
+    return torch.tensor(order, dtype=torch.long)
+
+
 def _top(score: torch.Tensor, candidates: torch.Tensor, count: int) -> torch.Tensor:
     """The ``count`` positions of ``candidates`` (``[n]`` long) with the highest ``score``."""
     return candidates[score[candidates].topk(min(count, len(candidates))).indices]
@@ -298,8 +313,11 @@ def blend_prefix(
     elif count > 0:
         by_question = {"deviation": 0, "question": count, "both": count // 2}[select]
         if by_question:
-            asked = question_attention(model, cache_kwarg, layers, probe_ids, redo)
-            chosen[_top(asked, body, by_question)] = True
+            chosen[leading_positions(pieces, head_len)[:by_question]] = True
+            asked_for = by_question - int(chosen.sum())
+            if asked_for > 0:
+                asked = question_attention(model, cache_kwarg, layers, probe_ids, redo)
+                chosen[_top(asked, body[~chosen[body]], asked_for)] = True
         if by_question < count:
             score = _by_deviation(model, cache_kwarg, prefix_ids, head_layers, layers, head_len)
             rest = body[~chosen[body]]
