@@ -29,7 +29,7 @@ _LIGHT = frozenset(
     therefore thus approximately about around roughly nearly almost just well many
     much several various based term because since while although though due despite
     within without via yet still even type kind form part component product example
-    member sort variety""".split()
+    member sort variety people person manner way degree degrees""".split()
 )
 _NUMBER_WORDS = {
     w: str(i)
@@ -61,6 +61,16 @@ _UNITS = {
     "apr": "april", "jun": "june", "jul": "july", "aug": "august", "sep": "september",
     "sept": "september", "oct": "october", "nov": "november", "dec": "december",
 }  # fmt: skip
+# the abbreviations themselves ("330 m", "100 °C") meet their spelled-out forms
+_UNITS.update({u: u for u in ("km", "m", "cm", "mm", "kg", "g", "mi", "lb", "ft", "h", "min")})
+_UNITS.update({"sec": "sec", "c": "c", "f": "f", "l": "l"})
+# irregular verb forms a paraphrase swaps for the regular ones ("won" / "winning")
+_IRREGULAR = {
+    "won": "win", "wrote": "writ", "written": "writ", "began": "begin", "begun": "begin",
+    "born": "bear", "bore": "bear", "built": "build", "led": "lead", "held": "hold",
+    "sold": "sell", "taught": "teach", "bought": "buy", "grew": "grow",
+    "grown": "grow", "ran": "run", "took": "tak", "taken": "tak", "went": "go", "gone": "go",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -79,8 +89,12 @@ def stem(word: str) -> str:
     """A light stemmer: plural, ``-ed``, ``-ing``, final ``-e``/``-y`` and doubled
     consonants, so "founded"/"founding"/"founds" and "countries"/"country" meet."""
     w = word.lower()
+    if w in _IRREGULAR:
+        return _IRREGULAR[w]
     if len(w) <= 3:
         return w
+    if w.endswith("ment") and len(w) > 7:  # "treatment" / "treated"
+        w = w[:-4]
     if w.endswith("ies") and len(w) > 4:
         w = w[:-3] + "y"
     elif w.endswith("es") and (w[-3] in "sxz" or w[-4:-2] in ("ch", "sh")):
