@@ -32,7 +32,7 @@ from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
 
 if TYPE_CHECKING:
-    pass
+    from ragsnap.runtime.model_runtime import ModelRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +230,11 @@ def run(args: argparse.Namespace) -> int:
         "compressed_over_expected": round(sizes["bytes_compressed"] / expected, 4),
     }
     if storage_dtype is not None:
-        result.update(_precision(base, engine, documents, options, press))
+        from ragsnap.engine.loading import runtime_for
+
+        # the exact prefill comes from a plain runtime on the same model and settings
+        runtime = runtime_for(base.loaded, base.config)
+        result.update(_precision(runtime, base, engine, documents, options, press))
     store.close()
     if scratch is not None:
         scratch.cleanup()
@@ -243,9 +247,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _precision(
-    base: Any, engine: Any, documents: list[Any], options: Any, press: Any
+    runtime: ModelRuntime,
+    base: Any,
+    engine: Any,
+    documents: list[Any],
+    options: Any,
+    press: Any,
 ) -> dict[str, Any]:
-    """KV error and answer agreement of entries stored in the smaller dtype."""
+    """KV error and answer agreement of entries stored in the smaller dtype: ``runtime``
+    prefills the exact entries, ``base`` (an engine without tiers) answers cold."""
 
     from ragsnap.runtime.generation import GenerationConfig
 
@@ -253,7 +263,7 @@ def _precision(
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
     try:
         layout = engine.build_prompt(QUESTION_A, documents, longer.generation, order="given")
-        exact = base.runtime.prefill(layout.input_ids, press)
+        exact = runtime.prefill(layout.input_ids, press)
         _, stored = engine.tiers.prefill(layout, press, QUESTION_A, namespace)
         engine.tiers.finish(stored)  # written now: the next prefill reads the store
         loaded, report = engine.tiers.prefill(layout, press, QUESTION_A, namespace)
