@@ -462,3 +462,22 @@ def test_bench_reuse_serves_every_share_from_the_tier(engine, tmp_path, capsys, 
         == (shares["deviation@0.5"]["recomputed_tokens_mean"])
     )
     assert shares["0.0"]["kl_over_concat"] == 1.0
+
+
+def test_default_settings_serve_seen_documents_from_the_tiers(tmp_path):
+    """Issue 44: under the default relevance order a new question re-orders the documents;
+    with default settings it is still served from the tiers, and so is a new combination."""
+    eng = RagSnapEngine(_engine_loaded("llama"), store=open_store(f"file://{tmp_path}"))
+    opts = AnswerOptions(
+        press=SnapKVPress(budget=48, window=8), generation=GenerationConfig(max_new_tokens=4)
+    )
+    assert opts.document_order == "relevance"
+    first = eng.answer("t5 t6 t7", DOCS, opts).stats
+    assert (first.cache, first.cache_tier) == ("miss", "cold")
+    for question, docs in (
+        ("t12 t13 t9", DOCS),  # a second question over the same document set
+        ("t8 t11", [DOCS[3], DOCS[0], DOCS[2]]),  # a new combination of seen passages
+    ):
+        stats = eng.answer(question, docs, opts).stats
+        assert stats.cache in ("prefix-hit", "document-hit"), (question, stats.cache)
+        assert stats.cache_tier in ("prefix", "documents")

@@ -41,7 +41,10 @@ def engine_tiny() -> RagSnapEngine:
 
 def _engine(engine_tiny, tmp_path, storage_dtype="auto") -> RagSnapEngine:
     store = open_store(f"file://{tmp_path}")
-    engine = RagSnapEngine(engine_tiny.loaded, store=store, storage_dtype=storage_dtype)
+    # the entries counted here are the compressed and prefix ones: no per-document pieces
+    engine = RagSnapEngine(
+        engine_tiny.loaded, store=store, storage_dtype=storage_dtype, document_cache=False
+    )
     engine.runtime.stop_ids.clear()
     return engine
 

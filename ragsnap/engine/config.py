@@ -77,10 +77,10 @@ class EngineConfig(BaseSettings):
         description="also keep the full KV of a document prefix, so a new question over the "
         "same documents prefills only its own tokens",
     )
-    # off by default: at the default recompute share, reused combinations answered like a
-    # cold prefill on 1 of 10 questions (bench reuse)
+    # on by default (issue 44): under the default relevance order a new question re-orders
+    # the same documents, so the prefix entry misses; the pieces serve any order and set
     document_cache: bool = Field(
-        default=False,
+        default=True,
         description="keep each document's KV and reuse it in new combinations and orders "
         "(approximate: see bench reuse)",
     )
