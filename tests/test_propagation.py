@@ -344,7 +344,10 @@ def test_a_new_document_set_takes_the_fast_path_and_a_recurring_one_gets_its_pre
     from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
     from ragsnap.prompt.documents import Document
 
-    engine = RagSnapEngine(tiny_engine("llama").loaded, store=open_store(f"file://{tmp_path}"))
+    # the prefix tier alone (the per-document tier, on by default, would serve the repeat)
+    engine = RagSnapEngine(
+        tiny_engine("llama").loaded, store=open_store(f"file://{tmp_path}"), document_cache=False
+    )
     words = random_prompt(240, seed=9)
     docs = [
         Document(id="a", title="t3", text=" ".join(f"t{t}" for t in words[:120])),

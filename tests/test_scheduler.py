@@ -237,7 +237,10 @@ def test_a_miss_stores_its_entries_after_its_answer_and_outside_prefills(
     from ragsnap.cache import open_store
     from ragsnap.engine.engine import RagSnapEngine
 
-    engine = RagSnapEngine(engine_tiny.loaded, store=open_store(f"file://{tmp_path}"))
+    # the compressed and prefix entries only (no per-document pieces, on by default)
+    engine = RagSnapEngine(
+        engine_tiny.loaded, store=open_store(f"file://{tmp_path}"), document_cache=False
+    )
     engine.runtime.stop_ids.clear()
     first, second = requests_for_tiny_engine()[:2]
     second.documents = [Document(id="long", title="t4", text=words(11, 400))]
