@@ -26,9 +26,9 @@ import torch
 from ragsnap.compression import FullPress, make_press
 from ragsnap.compression.decode_snapkv import DecodeSnapKV
 from ragsnap.engine.engine import RagSnapEngine
-from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.eval.datasets import load_items
 from ragsnap.eval.fidelity import compare, fidelities, full_reference
+from ragsnap.runtime.generation import GenerationConfig
 
 
 def forced_log_probs(engine, prefill, tokens, decode) -> torch.Tensor:

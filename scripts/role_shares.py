@@ -16,10 +16,10 @@ from statistics import fmean, median
 
 from ragsnap.compression import make_press
 from ragsnap.engine.engine import RagSnapEngine
-from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.eval.runner import GridPoint, run_items
 from ragsnap.eval.store import PredictionStore
 from ragsnap.eval.structured import build_structured
+from ragsnap.runtime.generation import GenerationConfig
 
 SETTINGS = {
     "ragsnap": {},

@@ -22,9 +22,9 @@ from ragsnap.compression import Press, compression_hooks, make_press
 from ragsnap.compression.base import CompressedLayer, LayerContext, keep_all
 from ragsnap.compression.snapkv import SnapKVPress
 from ragsnap.engine.engine import RagSnapEngine
-from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.eval.structured import build_structured
 from ragsnap.prompt.assembly import format_document
+from ragsnap.runtime.generation import GenerationConfig
 
 KEY = re.compile(r"[a-z]+-[a-z]+-\d\d")
 
@@ -85,7 +85,7 @@ def main() -> None:
         value_tokens = _tokens(offsets, start, header, value_lo, value_hi)
         recorder = _Scores(args.budget)
         snap = make_press("snapkv", budget=args.budget)
-        with compression_hooks(engine.model, [recorder, snap], apply=False) as hooks:
+        with compression_hooks(engine.loaded.model, [recorder, snap], apply=False) as hooks:
             hooks.armed = True
             engine.forward(layout.input_ids, engine.new_cache(), 0)
             kept = hooks.layer_results(1)
