@@ -6,19 +6,37 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from ragsnap.engine.events import AnswerEvent, TokenEvent
-from ragsnap.engine.prepared import AnswerOptions, TextStream
+from ragsnap.engine.events import AnswerEvent, CitationsEvent, DoneEvent, TokenEvent
+from ragsnap.engine.prepared import AnswerOptions, PreparedAnswer, TextStream
 from ragsnap.engine.stopping import apply_stop
 from ragsnap.prompt.documents import Document
+from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
+from ragsnap.runtime.model_runtime import ModelRuntime
 
-if TYPE_CHECKING:
-    from ragsnap.engine.engine import RagSnapEngine
+
+class AnswerStages(Protocol):
+    """The stages of an answer an engine offers (``RagSnapEngine``), as driven here."""
+
+    runtime: ModelRuntime
+    tokenizer: Any
+
+    def prepare(
+        self, question: str, documents: Sequence[Document], options: AnswerOptions, namespace: str
+    ) -> PreparedAnswer: ...
+
+    def logits_processor(self, prepared: PreparedAnswer) -> LogitsProcessor | None: ...
+
+    def finish(
+        self, prepared: PreparedAnswer, row: DecodeRow, ttft_s: float | None
+    ) -> tuple[CitationsEvent, DoneEvent]: ...
+
+    def store_pending(self, prepared: PreparedAnswer) -> None: ...
 
 
 def stream_answer(
-    engine: RagSnapEngine,
+    engine: AnswerStages,
     question: str,
     documents: Sequence[Document],
     options: AnswerOptions,
@@ -48,7 +66,7 @@ def stream_answer(
 
 
 def _decode(
-    engine: RagSnapEngine,
+    engine: AnswerStages,
     question: str,
     documents: Sequence[Document],
     options: AnswerOptions,
