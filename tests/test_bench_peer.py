@@ -344,3 +344,106 @@ def test_each_timed_run_waits_until_the_servers_stop_computing() -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def test_capacity_sends_a_fresh_document_set_per_request_in_flight(tiny) -> None:
+    """``capacity`` at concurrency c gets max(prompts, c) cold requests of its own;
+    ``long_answer`` gets ``prompts``; no document set is shared between scenarios or levels."""
+    from ragsnap.cli.bench.peer import parse_scenarios
+
+    workload = build_workload(
+        items(12),
+        tiny.tokenizer,
+        levels=[1, 3],
+        prompts=2,
+        context_tokens=0,
+        max_prompt_tokens=4000,
+        scenarios=["capacity", "long_answer"],
+    )
+    assert {k: {s: len(r) for s, r in v.items()} for k, v in workload.items()} == {
+        1: {"capacity": 2, "long_answer": 2},
+        3: {"capacity": 3, "long_answer": 2},
+    }
+    gold = [r.documents[0].id for v in workload.values() for runs in v.values() for r in runs]
+    assert len(gold) == len(set(gold)) == 9
+    with pytest.raises(ValueError, match="10 items needed"):
+        build_workload(
+            items(9),
+            tiny.tokenizer,
+            levels=[1, 4],
+            prompts=2,
+            context_tokens=0,
+            max_prompt_tokens=4000,
+            scenarios=["cold", "repeated", "capacity"],
+        )
+    # cold is added only where a scenario reuses it
+    assert parse_scenarios("capacity,long_answer") == ["capacity", "long_answer"]
+    assert parse_scenarios("new_question") == ["cold", "new_question"]
+
+
+def test_peak_memory_of_a_process_group_sees_what_it_allocates() -> None:
+    import subprocess
+    import sys
+
+    from ragsnap.cli.bench.peer_servers import PeakMemory, group_memory_bytes
+
+    grow = "import time\ntime.sleep(0.5)\nx = bytearray(200 * 2**20)\ntime.sleep(1.0)\ndel x\ntime.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", grow], start_new_session=True)
+    try:
+        time.sleep(0.2)
+        before = group_memory_bytes(process.pid)
+        with PeakMemory(process.pid, interval_s=0.05) as memory:
+            time.sleep(2.0)
+        after = group_memory_bytes(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+    assert before < 100 * 2**20  # an interpreter, not yet the buffer
+    assert memory.peak >= before + 190 * 2**20  # the 200 MiB buffer while it lived
+    assert after < memory.peak - 150 * 2**20  # freed again: the peak is not the last sample
+
+
+def test_kv_memory_reaches_ragsnap_serve_and_its_queue_holds_a_capacity_run(tmp_path) -> None:
+    from ragsnap.cli import build_parser
+    from ragsnap.cli.bench.peer_servers import ragsnap_argv
+    from ragsnap.cli.serve import settings_from_args
+
+    argv = ragsnap_argv(8002, tmp_path, 64, "float32", 1, None, "auto", 1.0, 64)
+    settings = settings_from_args(build_parser().parse_args(argv[3:]))
+    assert settings.kv_memory_gib == 1.0 and settings.max_batch == 64
+    assert settings.max_queue >= 64  # all of a capacity run waits rather than getting 429
+    plain = settings_from_args(
+        build_parser().parse_args(ragsnap_argv(8002, tmp_path, 8, "float32", 1)[3:])
+    )
+    assert plain.kv_memory_gib is None and plain.max_queue == 16
+
+
+def test_capacity_and_long_answer_runs_against_ragsnap_and_a_stub_peer(
+    tiny, tmp_path, capsys
+) -> None:
+    from ragsnap.api.app import create_app
+    from ragsnap.api.local_server import running_server
+    from ragsnap.api.settings import Settings
+    from ragsnap.engine.engine import RagSnapEngine
+
+    data = tmp_path / "hotpot.json"
+    data.write_text(json.dumps(hotpot_records(8)))
+    seen: list[list[int]] = []
+    engine = RagSnapEngine(tiny.loaded)
+    with (
+        running_server(create_app(Settings(max_batch=2, max_queue=8), engine=engine)) as ours,
+        running_server(stub_peer_app(seen)) as peer,
+    ):
+        args = ["bench", "peer", "--data", str(data), "--ragsnap-url", ours, "--vllm-url", peer]
+        args += ["--concurrency", "3", "--prompts", "1", "--context-tokens", "40"]
+        args += ["--max-new-tokens", "4", "--budget", "32", "--scenarios", "capacity,long_answer"]
+        assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    runs = report["runs"]["c3"]
+    assert set(runs) == {"capacity", "long_answer"}
+    assert runs["capacity"]["ragsnap"]["answered"] == runs["capacity"]["vllm"]["answered"] == 3
+    assert runs["long_answer"]["ragsnap"]["answered"] == 1
+    # servers given by URL: the bench did not start them, so it cannot see their memory
+    assert runs["capacity"]["ragsnap"]["peak_memory_mib"] is None
+    assert runs["capacity"]["ratio"]["peak_memory"] is None
+    assert len(seen) == 1 + 3 + 1

@@ -2,9 +2,12 @@
 
 Both servers run as subprocesses on this machine, started by the bench (or given by URL).
 The requests (see :mod:`ragsnap.cli.bench.peer_workload`) are the same prompts token for
-token; each concurrency level runs ``cold``, ``repeated`` and ``new_question``, the two
+token; each concurrency level runs the chosen scenarios (``cold``, ``repeated``,
+``new_question`` by default; ``capacity`` and ``long_answer`` on request), the two
 servers one after the other within each scenario (which one goes first alternates), so
-both see the same background load. A short warm-up request precedes the timed runs, and
+both see the same background load. ``--kv-gib`` gives both the same KV memory (ragsnap
+``--kv-memory-gib``, vLLM ``VLLM_CPU_KVCACHE_SPACE``); each run reports the peak memory
+(proportional set size) of each server the bench started. A short warm-up request precedes the timed runs, and
 each timed run waits until ragsnap's background writes are done and the servers the bench
 started have stopped computing (less than a tenth of a core over half a second: vLLM's
 workers keep both cores busy for about a second after its last answer).
@@ -27,12 +30,12 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Mapping
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
-from ragsnap.cli.bench.peer_workload import SCENARIOS, PeerRequest
+from ragsnap.cli.bench.peer_workload import AFTER_COLD, SCENARIOS, PeerRequest
 from ragsnap.runtime.threads import available_cores
 
 
@@ -44,18 +47,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format", default="hotpotqa", choices=("hotpotqa", "bioasq", "jsonl", "niah")
     )
     parser.add_argument("--concurrency", default="1,4,8", help="concurrent requests per level")
+    parser.add_argument("--types", help="BioASQ: only these question types, e.g. summary,list")
     parser.add_argument("--prompts", type=int, default=4, help="requests per scenario and level")
     parser.add_argument(
         "--context-tokens", type=int, default=2048, help="document tokens per prompt"
     )
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument(
+        "--scenarios",
+        default="cold,repeated,new_question",
+        help=f"comma-separated, of {', '.join(SCENARIOS)}",
+    )
     parser.add_argument("--press", help="ragsnap's press (default: the server's)")
     parser.add_argument("--budget", type=int, default=256, help="ragsnap's press budget")
     parser.add_argument("--model", default="embedded")
     add_dtype_option(parser)
     parser.add_argument("--ragsnap-url", help="a running ragsnap server (default: start one)")
-    parser.add_argument("--max-batch", type=int, default=8, help="ragsnap serve --max-batch")
+    parser.add_argument(
+        "--kv-gib",
+        type=int,
+        help="KV memory of both servers in GiB: ragsnap serve --kv-memory-gib and vLLM's "
+        "VLLM_CPU_KVCACHE_SPACE (replaces --vllm-kv-gib)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        help="ragsnap serve --max-batch (default: the largest concurrency with --kv-gib, "
+        "where memory admits; else 8)",
+    )
     parser.add_argument(
         "--server-threads",
         type=int,
@@ -117,8 +136,8 @@ def parse_scenarios(text: str) -> list[str]:
         raise ConfigError(
             f"--scenarios: choose from {', '.join(SCENARIOS)} (got {text!r})", field="scenarios"
         )
-    if "cold" not in chosen:  # repeated and new questions only mean something after cold
-        chosen.insert(0, "cold")
+    if "cold" not in chosen and any(s in AFTER_COLD for s in chosen):
+        chosen.insert(0, "cold")  # repeated and new questions only mean something after cold
     return [s for s in SCENARIOS if s in chosen]
 
 
@@ -158,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     from ragsnap.cli.bench import peer_servers as servers
     from ragsnap.cli.bench.peer_workload import build_workload, load_workload_items
     from ragsnap.engine.options import config_from_args
+    from ragsnap.errors import ConfigError
     from ragsnap.runtime.generation import stop_token_ids
     from ragsnap.runtime.loading import converted_weights
 
@@ -165,6 +185,12 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)  # the dtype both servers compute in
     args.dtype, args.matmul_precision = config.dtype, config.matmul_precision
     args.server_threads = args.server_threads or available_cores()
+    if args.kv_gib is not None:
+        if args.kv_gib < 1:
+            raise ConfigError("--kv-gib: give at least 1 GiB", field="kv_gib")
+        args.vllm_kv_gib = args.kv_gib
+    if args.max_batch is None:  # with a memory budget, memory is the constraint
+        args.max_batch = max(levels) if args.kv_gib is not None else 8
     if args.setup_vllm:
         args.vllm_python = str(servers.setup_vllm(args.setup_vllm))
     from ragsnap.engine.engine import RagSnapEngine
@@ -173,17 +199,22 @@ def run(args: argparse.Namespace) -> int:
     loaded = RagSnapEngine.load(args.model, device="cpu", dtype="float32").loaded
     stop_ids = sorted(stop_token_ids(loaded.tokenizer, loaded.model))
     max_prompt = loaded.context_length - args.max_new_tokens
+    types = tuple(t.strip() for t in args.types.split(",")) if args.types else None
     items = load_workload_items(
-        args.format, args.data, args.seed, args.context_tokens, loaded.tokenizer
+        args.format, args.data, args.seed, args.context_tokens, loaded.tokenizer, types
     )
-    workload = build_workload(
-        items,
-        loaded.tokenizer,
-        levels=levels,
-        prompts=args.prompts,
-        context_tokens=args.context_tokens,
-        max_prompt_tokens=max_prompt,
-    )
+    try:
+        workload = build_workload(
+            items,
+            loaded.tokenizer,
+            levels=levels,
+            prompts=args.prompts,
+            context_tokens=args.context_tokens,
+            max_prompt_tokens=max_prompt,
+            scenarios=scenarios,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"--data: {exc}", field="data") from None
     warmup = warmup_request(loaded.tokenizer, max_prompt)
     source = converted_source(args.model) if args.vllm_python and not args.vllm_url else args.model
     del loaded
@@ -194,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
         logs.mkdir(parents=True, exist_ok=True)
         if isinstance(source, Path) and converted_weights.is_complete(source):
             source = export_for_vllm(args, source)
-        urls, groups = start_servers(args, stack, source, max(levels), logs)
+        largest = max(len(r) for runs in workload.values() for r in runs.values())
+        urls, groups = start_servers(args, stack, source, max(*levels, largest), logs)
         report = measure(args, urls, workload, scenarios, levels, stop_ids, warmup, groups)
     report["setup"] = setup_facts(args, source, workload)
     print(json.dumps(report, indent=2))
@@ -222,13 +254,13 @@ def start_servers(
     source: Path | str,
     max_seqs: int,
     logs: Path,
-) -> tuple[dict[str, str | None], list[int]]:
-    """Start the servers not given by URL; both servers' URLs, and the process groups of
-    those started here."""
+) -> tuple[dict[str, str | None], dict[str, int]]:
+    """Start the servers not given by URL (each admits ``max_seqs`` requests at once, or
+    queues them); both servers' URLs, and the process groups of those started here."""
     from ragsnap.cli.bench import peer_servers as servers
 
     urls: dict[str, str | None] = {"ragsnap": args.ragsnap_url, "vllm": args.vllm_url}
-    groups: list[int] = []
+    groups: dict[str, int] = {}
     if urls["vllm"] is None and args.vllm_python:
         port = servers.free_port()
         print(f"peer: starting vllm serve {source} on port {port}", file=sys.stderr, flush=True)
@@ -243,7 +275,7 @@ def start_servers(
                 args.startup_timeout,
             )
         )
-        groups.append(vllm.pid)  # its own session: the group's id is its pid
+        groups["vllm"] = vllm.pid  # its own session: the group's id is its pid
         urls["vllm"] = f"http://127.0.0.1:{port}"
     if urls["ragsnap"] is None:
         port = servers.free_port()
@@ -259,6 +291,8 @@ def start_servers(
                     args.server_threads,
                     args.server_prefill_threads,
                     args.matmul_precision,
+                    args.kv_gib,
+                    max_seqs,
                 ),
                 servers.ragsnap_env(args.server_threads),
                 f"http://127.0.0.1:{port}/readyz",
@@ -266,7 +300,7 @@ def start_servers(
                 args.startup_timeout,
             )
         )
-        groups.append(ragsnap.pid)
+        groups["ragsnap"] = ragsnap.pid
         urls["ragsnap"] = f"http://127.0.0.1:{port}"
     return urls, groups
 
@@ -279,13 +313,16 @@ def measure(
     levels: list[int],
     stop_ids: list[int],
     warmup: PeerRequest,
-    groups: Sequence[int] = (),
+    groups: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Every scenario at every level, the servers alternating which goes first; before each
     timed run, ragsnap's background work is done and the started servers' process groups
-    (``groups``) are quiet."""
+    (``groups``, by server) are quiet. ``capacity`` sends all its requests at once; the
+    peak memory of a started server is measured over each of its runs."""
     from ragsnap.cli.bench.peer_clients import completions_sender, ragsnap_sender, run_scenario
-    from ragsnap.cli.bench.peer_servers import wait_quiet
+    from ragsnap.cli.bench.peer_servers import PeakMemory, wait_quiet
+
+    groups = dict(groups or {})
     from ragsnap.cli.bench.peer_stats import agreement, ratios, reference_accuracy, summarize_run
 
     compression = {k: v for k, v in {"press": args.press, "budget": args.budget}.items() if v}
@@ -304,12 +341,17 @@ def measure(
             entry: dict[str, Any] = {"order": order}
             for name in order:
                 settle(str(urls["ragsnap"]))
-                wait_quiet(groups)
+                wait_quiet(list(groups.values()))
                 print(f"peer: c={level} {scenario} {name}", file=sys.stderr, flush=True)
-                outcomes[name], wall = asyncio.run(
-                    run_scenario(senders[name], requests, level, args.timeout)
-                )
+                in_flight = len(requests) if scenario == "capacity" else level
+                with PeakMemory(groups[name]) if name in groups else nullcontext() as memory:
+                    outcomes[name], wall = asyncio.run(
+                        run_scenario(senders[name], requests, in_flight, args.timeout)
+                    )
                 entry[name] = summarize_run(outcomes[name], wall)
+                entry[name]["peak_memory_mib"] = (
+                    round(memory.peak / 2**20, 1) if memory is not None else None
+                )
                 entry[name]["reference_match"] = reference_accuracy(outcomes[name], requests)
             if "vllm" in outcomes:
                 entry["agreement"] = agreement(outcomes["ragsnap"], outcomes["vllm"])
@@ -381,7 +423,13 @@ def setup_facts(
     import os
     import platform
 
-    cold = [r for level in workload.values() for r in level["cold"]]
+    cold = [  # every request that is not a repeat or a new question
+        r
+        for level in workload.values()
+        for k, runs in level.items()
+        if k not in AFTER_COLD
+        for r in runs
+    ]
     return {
         "machine": {
             "cpus": os.cpu_count(),
@@ -399,6 +447,7 @@ def setup_facts(
             "threads": args.server_threads,
             "prefill_threads": args.server_prefill_threads or available_cores(),
             "max_batch": args.max_batch,
+            "kv_memory_gib": args.kv_gib,
             "press": args.press or "server default",
             "budget": args.budget,
         },

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -152,10 +153,10 @@ def subprocess_server(
             _stop_group(process)
 
 
-def group_cpu_ticks(pgid: int) -> dict[int, int]:
-    """CPU time (user + system, clock ticks) of each live process of process group ``pgid``,
-    by pid (Linux ``/proc``; empty elsewhere)."""
-    ticks = {}
+def group_stats(pgid: int) -> dict[int, list[str]]:
+    """The ``/proc/<pid>/stat`` fields after ``(comm)`` of each live process of process group
+    ``pgid``, by pid (Linux; empty elsewhere)."""
+    found = {}
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
         if not entry.name.isdigit():
             continue
@@ -164,9 +165,55 @@ def group_cpu_ticks(pgid: int) -> dict[int, int]:
                 fields = handle.read().rsplit(")", 1)[1].split()  # after "pid (comm)"
         except OSError:  # exited meanwhile
             continue
-        if int(fields[2]) == pgid:  # fields: state, ppid, pgrp, ..., utime (11), stime (12)
-            ticks[int(entry.name)] = int(fields[11]) + int(fields[12])
-    return ticks
+        if int(fields[2]) == pgid:  # fields: state, ppid, pgrp, ...
+            found[int(entry.name)] = fields
+    return found
+
+
+def group_cpu_ticks(pgid: int) -> dict[int, int]:
+    """CPU time (user + system, clock ticks) of each live process of process group ``pgid``,
+    by pid."""
+    return {pid: int(f[11]) + int(f[12]) for pid, f in group_stats(pgid).items()}
+
+
+def group_memory_bytes(pgid: int) -> int:
+    """Memory of process group ``pgid``: the sum of its processes' proportional set sizes
+    (a page shared by ``n`` of them counts ``1/n`` to each, so vLLM's forked workers are not
+    counted twice); the resident size where the kernel gives no ``smaps_rollup``."""
+    total = 0
+    for pid, fields in group_stats(pgid).items():
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as handle:
+                pss = next(line for line in handle if line.startswith("Pss:"))
+            total += int(pss.split()[1]) * 1024
+        except (OSError, StopIteration):
+            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss, in pages
+    return total
+
+
+class PeakMemory:
+    """While open, samples :func:`group_memory_bytes` of ``pgid`` every ``interval_s`` on a
+    thread; ``peak`` is the largest sample, in bytes."""
+
+    def __init__(self, pgid: int, interval_s: float = 0.2) -> None:
+        self.pgid, self.interval_s, self.peak = pgid, interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="peak-memory", daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, group_memory_bytes(self.pgid))
+            if self._stop.wait(self.interval_s):
+                return
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, group_memory_bytes(self.pgid))
 
 
 def wait_quiet(
@@ -268,9 +315,13 @@ def ragsnap_argv(
     threads: int,
     prefill_threads: int | None = None,
     matmul_precision: str = "auto",
+    kv_memory_gib: float | None = None,
+    max_queue: int | None = None,
 ) -> list[str]:
-    """``ragsnap serve`` from this interpreter, with a fresh file cache."""
+    """``ragsnap serve`` from this interpreter, with a fresh file cache (``max_queue``:
+    at least twice ``max_batch`` and 8)."""
     prefill = [] if prefill_threads is None else ["--prefill-threads", str(prefill_threads)]
+    memory = [] if kv_memory_gib is None else ["--kv-memory-gib", str(kv_memory_gib)]
     return [
         sys.executable,
         "-m",
@@ -285,12 +336,13 @@ def ragsnap_argv(
         "--max-batch",
         str(max_batch),
         "--max-queue",
-        str(max(8, max_batch * 2)),
+        str(max(8, max_batch * 2, max_queue or 0)),
         "--dtype",
         dtype,
         "--matmul-precision",
         matmul_precision,
         *prefill,
+        *memory,
     ]
 
 

@@ -112,9 +112,12 @@ def ratio(ours: float | None, theirs: float | None) -> float | None:
 
 def ratios(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float | None]:
     """ragsnap over the peer: answers/s and tokens/s (above 1: ragsnap faster), TTFT p50
-    (below 1: ragsnap sooner)."""
+    and p95 (below 1: ragsnap sooner), peak memory where both were measured (below 1:
+    ragsnap smaller)."""
     return {
         "answers_per_s": ratio(ours["answers_per_s"], theirs["answers_per_s"]),
         "tokens_per_s": ratio(ours["tokens_per_s"], theirs["tokens_per_s"]),
         "ttft_p50": ratio(ours["ttft_s"]["p50"], theirs["ttft_s"]["p50"]),
+        "ttft_p95": ratio(ours["ttft_s"]["p95"], theirs["ttft_s"]["p95"]),
+        "peak_memory": ratio(ours.get("peak_memory_mib"), theirs.get("peak_memory_mib")),
     }

@@ -3,14 +3,19 @@
 Each request is a question over ordered documents. ragsnap gets the documents and the
 question (``/v1/answer``); the peer gets the token ids of the prompt ragsnap builds from
 them (:func:`ragsnap.prompt.assembly.assemble_prompt`: chat template, numbered documents, question
-last), so both prefill the same tokens. Three scenarios per concurrency level:
+last), so both prefill the same tokens. The scenarios of a concurrency level:
 
 - ``cold``: document sets neither server has seen;
 - ``repeated``: the same requests again (ragsnap: exact cache hits; the peer: its prefix cache);
 - ``new_question``: a new question over each already-seen document set (ragsnap: the
-  document-prefix tier; the peer: its prefix cache over the shared document tokens).
+  document-prefix tier; the peer: its prefix cache over the shared document tokens);
+- ``capacity``: as many fresh document sets as the level's concurrency (at least
+  ``prompts``), all sent at once: how many long prompts a server holds in memory together;
+- ``long_answer``: fresh document sets whose answers run to the bench's answer length
+  (BioASQ summary and list questions ask for paragraphs).
 
-Every concurrency level gets document sets of its own, so its cold requests are cold.
+Every concurrency level and every scenario that needs cold requests gets document sets of
+its own, so its cold requests are cold.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from typing import Any
 from ragsnap.eval.items import EvalItem
 from ragsnap.prompt.documents import Document
 
-SCENARIOS = ("cold", "repeated", "new_question")
+SCENARIOS = ("cold", "repeated", "new_question", "capacity", "long_answer")
+AFTER_COLD = ("repeated", "new_question")  # scenarios that reuse the level's cold requests
 NEW_QUESTION = "In one or two sentences, what do the documents say about {title}?"
 
 
@@ -115,6 +121,13 @@ def build_request(
     )
 
 
+def fresh_count(scenario: str, level: int, prompts: int) -> int:
+    """How many fresh document sets ``scenario`` takes at concurrency ``level``."""
+    if scenario in AFTER_COLD:
+        return 0
+    return max(prompts, level) if scenario == "capacity" else prompts
+
+
 def build_workload(
     items: Sequence[EvalItem],
     tokenizer: Any,
@@ -123,52 +136,85 @@ def build_workload(
     prompts: int,
     context_tokens: int,
     max_prompt_tokens: int,
+    scenarios: Sequence[str] = ("cold", "repeated", "new_question"),
 ) -> dict[int, dict[str, list[PeerRequest]]]:
-    """``{concurrency: {scenario: requests}}``, ``prompts`` requests per scenario.
+    """``{concurrency: {scenario: requests}}``: ``prompts`` requests per scenario
+    (``capacity``: the level's concurrency, if larger), every cold one on items of its own.
 
-    Raises ValueError when the items do not give every level document sets of its own.
+    Raises ValueError when the items do not give every level and scenario document sets of
+    its own.
     """
     from ragsnap.prompt.assembly import encode_user_text
 
     def count(text: str) -> int:
         return len(encode_user_text(tokenizer, text))
 
-    needed = prompts * len(levels)
+    needed = sum(fresh_count(s, level, prompts) for level in levels for s in scenarios)
     if len(items) < needed:
         raise ValueError(
-            f"{needed} items needed ({prompts} prompts x {len(levels)} levels), {len(items)} loaded"
+            f"{needed} items needed (fresh document sets for {', '.join(scenarios)} at "
+            f"concurrency {', '.join(map(str, levels))}), {len(items)} loaded"
         )
     padding = list(items[needed:]) or list(items)
-    workload: dict[int, dict[str, list[PeerRequest]]] = {}
-    for li, level in enumerate(levels):
-        cold: list[PeerRequest] = []
-        new: list[PeerRequest] = []
-        for i in range(prompts):
-            item = items[li * prompts + i]
-            pool = padding[(li * prompts + i) % len(padding) :] + padding
+    taken = 0
+    source: dict[str, EvalItem] = {}  # a cold request's item, whose topic a new question asks
+
+    def cold_requests(n: int) -> list[PeerRequest]:
+        nonlocal taken
+        out = []
+        for item in items[taken : taken + n]:
+            pool = padding[taken % len(padding) :] + padding
             docs = padded_documents(item, pool, context_tokens, count)
-            cold.append(
+            out.append(
                 build_request(
                     item.id, item.question, docs, tokenizer, max_prompt_tokens, item.answers
                 )
             )
-            new.append(
-                build_request(
-                    f"{item.id}-new",
-                    NEW_QUESTION.format(title=topic(item, docs)),
-                    cold[-1].documents,  # the same ordered documents: only the question differs
-                    tokenizer,
-                    max_prompt_tokens,
-                )
-            )
-        workload[level] = {"cold": cold, "repeated": list(cold), "new_question": new}
+            source[item.id] = item
+            taken += 1
+        return out
+
+    workload: dict[int, dict[str, list[PeerRequest]]] = {}
+    for level in levels:
+        runs: dict[str, list[PeerRequest]] = {}
+        for scenario in scenarios:
+            if scenario == "repeated":
+                runs[scenario] = list(runs["cold"])
+            elif scenario == "new_question":
+                runs[scenario] = [
+                    new_question(r, source[r.id], tokenizer, max_prompt_tokens)
+                    for r in runs["cold"]
+                ]
+            else:
+                runs[scenario] = cold_requests(fresh_count(scenario, level, prompts))
+        workload[level] = runs
     return workload
 
 
+def new_question(
+    cold: PeerRequest, item: EvalItem, tokenizer: Any, max_prompt_tokens: int
+) -> PeerRequest:
+    """A new question over ``cold``'s ordered documents (``item``'s): only the question
+    differs, so the document prefix is shared."""
+    return build_request(
+        f"{cold.id}-new",
+        NEW_QUESTION.format(title=topic(item, cold.documents)),
+        cold.documents,
+        tokenizer,
+        max_prompt_tokens,
+    )
+
+
 def load_workload_items(
-    fmt: str, data: Path, seed: int, context_tokens: int, tokenizer: Any
+    fmt: str,
+    data: Path,
+    seed: int,
+    context_tokens: int,
+    tokenizer: Any,
+    types: tuple[str, ...] | None = None,
 ) -> list[EvalItem]:
-    """Items of a data set in ``../shared/data`` layout: hotpotqa, bioasq, jsonl or niah."""
+    """Items of a data set in ``../shared/data`` layout: hotpotqa, bioasq, jsonl or niah
+    (``types``: only these BioASQ question types, e.g. ``summary``, ``list``)."""
     from ragsnap.eval.datasets import load_items
     from ragsnap.prompt.assembly import encode_user_text
 
@@ -191,5 +237,6 @@ def load_workload_items(
             seed=seed,
             context_tokens=context_tokens,
             count_tokens=lambda text: len(encode_user_text(tokenizer, text)),
+            types=types,
         )
     return [i for i in loaded.items if not i.answer_prefix]  # both servers get the bare question
