@@ -433,14 +433,17 @@ def test_bench_reuse_serves_every_share_from_the_tier(engine, tmp_path, capsys, 
     topics = ["river", "castle", "comet", "violin", "glacier", "harbor"]
     records = [
         {
+            "_id": topic,
             "question": f"What is said about the {topic}?",
+            "answer": f"the {topic}",
             "title_a": topic.title(),
             "para_a": [
                 f"The {topic} number {rng.randint(1, 999)} lies {rng.randint(2, 90)} miles "
                 f"from the {rng.choice(topics)}. "
                 for _ in range(25)
             ],
-            "para_b": [],
+            "title_b": f"Old {topic}",
+            "para_b": [f"The {topic} is old."],
             "distractors": [],
         }
         for topic in topics

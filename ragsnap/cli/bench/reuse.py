@@ -1,14 +1,18 @@
 """``ragsnap bench reuse``: per-document KV reuse against cold prefills, at several recompute shares.
 
-A pool of passages (HotpotQA paragraphs grouped to about ``context / docs`` tokens each,
-every one carrying a needle sentence with its own number) is read once: prompts of ``docs``
-passages go through the cache tiers, which store each passage's piece. Then every question
-takes a new combination and order of pool passages (its own passage among them) and is
-answered cold and through the per-document tier at each ``--shares`` value, with the same
-press and budget. Per share: time to first token against cold (median of per-question
-ratios), mean teacher-forced KL(cold || reused) along the cold answer and its ratio to
-plain concatenation's (share 0), agreement with the cold greedy answer (exact, and top-1
-per position), and how often a needle in a reused passage is found, against cold.
+Evaluation items (HotpotQA, BioASQ factoid: ``--data`` once per data set, formats as
+``ragsnap eval`` reads them) become passages of about ``context / docs`` tokens, each with a
+needle sentence of its own number (:mod:`ragsnap.cli.bench.reuse_items`). Passages are read
+in pools of ``--pool``: prompts of ``docs`` passages go through the cache tiers, which store
+each passage's piece. Then each item of the pool is asked once, over a new combination and
+order of pool passages (its own among them), cold and through the per-document tier at
+each ``--shares`` value, with the same press and budget. Per share: time to first token
+against cold (median of per-question ratios), mean teacher-forced KL(cold || reused) along
+the cold answer and its ratio to plain concatenation's (share 0), agreement with the cold
+greedy answer (exact, and top-1 per position), accuracy against gold and citation F1 as
+``ragsnap eval`` scores them with paired bootstrap 95% intervals of (share - cold)
+(:mod:`ragsnap.cli.bench.reuse_scores`), and how often a needle in a reused passage is
+found, against cold.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ragsnap.cli.bench.reuse_items import DEFAULT_TYPES, REUSE_FORMATS
 from ragsnap.cli.options import add_dtype_option
 from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
@@ -37,13 +42,37 @@ logger = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
+        type=Path,
+        action="append",
         required=True,
-        help="a HotpotQA JSON list (MIRAGE layout), e.g. "
-        "../shared/data/hotpotqa/camera_ready_nd8_dev_sample100.json",
+        help="a data file or folder, once per data set, e.g. "
+        "../shared/data/hotpotqa/camera_ready_nd8_dev_sample100.json and "
+        "../shared/data/bioasq/Task10BGoldenEnriched",
     )
-    parser.add_argument("--pool", type=int, default=32, help="passages read once")
+    parser.add_argument(
+        "--format",
+        choices=REUSE_FORMATS,
+        help="format of every --data (guessed per path when omitted)",
+    )
+    parser.add_argument(
+        "--types",
+        default=",".join(DEFAULT_TYPES),
+        help="item types to ask (default factoid,short: BioASQ factoid and HotpotQA)",
+    )
+    parser.add_argument(
+        "--skip", type=int, default=0, help="leave out each data set's first N items (held out)"
+    )
+    parser.add_argument(
+        "--needle-every",
+        type=int,
+        default=2,
+        help="every Nth question asks for a passage's needle instead (0: none)",
+    )
+    parser.add_argument(
+        "--pool", type=int, default=32, help="passages per pool, read before its questions"
+    )
     parser.add_argument("--docs", type=int, default=8, help="passages per prompt")
-    parser.add_argument("--questions", type=int, default=30, help="questions (half are needles)")
+    parser.add_argument("--questions", type=int, default=30, help="questions, one per item")
     parser.add_argument("--context", type=int, default=4096, help="prompt length in tokens")
     parser.add_argument("--shares", default="0,0.15,0.3,1", help="recompute shares to measure")
     parser.add_argument(
@@ -64,52 +93,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def build_pool(
-    path: Path, tokenizer: Any, size: int, tokens: int, seed: int
-) -> list[dict[str, Any]]:
-    """``size`` passages of about ``tokens`` tokens: ``{"doc", "question", "needle"}`` each."""
-    from ragsnap.eval.niah import ANSWER_PREFIX, NEEDLE, QUESTION, _random_needle
-    from ragsnap.prompt.assembly import encode_user_text
-    from ragsnap.prompt.documents import Document
-
-    records = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(records, list):
-        raise ConfigError(f"{path}: expected a JSON list of HotpotQA records", field="data")
-    rng = random.Random(seed)
-    pool: list[dict[str, Any]] = []
-    for record in records:
-        if len(pool) == size:
-            break
-        paragraphs = ["".join(record.get(f"para_{k}") or []) for k in ("a", "b")]
-        paragraphs += ["".join(e[1]) for e in record.get("distractors") or [] if len(e) > 1]
-        sentences: list[str] = []
-        for paragraph in paragraphs:
-            sentences.append(paragraph.strip())
-            if len(encode_user_text(tokenizer, " ".join(sentences))) >= tokens:
-                break
-        text = " ".join(sentences)
-        ids = encode_user_text(tokenizer, text)
-        text = tokenizer.decode(ids[:tokens])
-        needle = _random_needle(rng)
-        cut = text.rfind(". ", 0, len(text) // 2) + 1  # the middle, at a sentence end
-        text = f"{text[:cut]} {NEEDLE.format(key=needle.key, value=needle.value)}{text[cut:]}"
-        title = str(record.get("title_a", f"passage {len(pool)}"))
-        pool.append(
-            {
-                "doc": Document(id=f"p{len(pool)}", title=title, text=text),
-                "question": str(record["question"]),
-                "needle": {
-                    "value": needle.value,
-                    "question": QUESTION.format(key=needle.key),
-                    "prefix": ANSWER_PREFIX.format(key=needle.key),
-                },
-            }
-        )
-    if len(pool) < size:
-        raise ConfigError(f"{path} gives only {len(pool)} passages, --pool {size}", field="data")
-    return pool
-
-
 def _since(started: float) -> float:
     """Seconds since ``started`` (after the device finished its queued work)."""
     if torch.cuda.is_available():
@@ -120,12 +103,14 @@ def _since(started: float) -> float:
 def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, start to end
     from ragsnap.cache import open_store
     from ragsnap.cache.tiers.cached_prefill import CachedPrefill
+    from ragsnap.cli.bench.reuse_items import build_passages, load_bench_items
+    from ragsnap.cli.bench.reuse_scores import answer_scores, run_summary
     from ragsnap.compression import make_press
     from ragsnap.compression.lookup_focus import uses_focus
     from ragsnap.engine.loading import plain_runtime
     from ragsnap.engine.options import given_fields
     from ragsnap.eval.fidelity import compare, full_reference
-    from ragsnap.prompt.assembly import assemble_prompt
+    from ragsnap.prompt.assembly import assemble_prompt, encode_user_text
     from ragsnap.prompt.focus import prompt_focus
     from ragsnap.prompt.structure import prompt_roles
     from ragsnap.runtime.generation import GenerationConfig
@@ -133,6 +118,11 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     shares = sorted({float(s) for s in args.shares.split(",") if s.strip()})
     if not shares or min(shares) < 0 or max(shares) > 1 or args.docs < 2 or args.pool < args.docs:
         raise ConfigError("need shares in [0, 1], --docs >= 2 and --pool >= --docs")
+    if args.skip < 0 or args.needle_every < 0 or args.questions < 1:
+        raise ConfigError("need --skip >= 0, --needle-every >= 0 and --questions >= 1")
+    types = tuple(t.strip() for t in args.types.split(",") if t.strip())
+    if not types:
+        raise ConfigError("--types names no item type", field="types")
     selects = list(dict.fromkeys(s.strip() for s in args.select.split(",") if s.strip()))
     if not selects or set(selects) - set(SELECTIONS):
         raise ConfigError(f"--select takes {', '.join(SELECTIONS)}", field="select")
@@ -170,33 +160,51 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
     frame = assemble_prompt(tokenizer, "q", [], max_prompt_tokens=args.context).num_tokens
     per_doc = max(32, (args.context - frame - 48) // args.docs)
-    pool = build_pool(Path(args.data), tokenizer, args.pool, per_doc, args.seed)
+    items = load_bench_items(
+        args.data,
+        args.format,
+        types,
+        args.skip,
+        args.seed,
+        count_tokens=lambda text: len(encode_user_text(tokenizer, text)),
+        tokens=per_doc,
+    )[: max(args.questions, args.pool)]
+    if len(items) < args.pool:
+        raise ConfigError(
+            f"the data give only {len(items)} items, --pool {args.pool}", field="data"
+        )
+    passages = build_passages(tokenizer, items, per_doc, args.seed)
 
     def layout_of(question: str, docs: list[Any], prefix: str = "") -> Any:
         return assemble_prompt(
             tokenizer, question, docs, max_prompt_tokens=args.context * 2, answer_prefix=prefix
         )
 
-    # read the pool once, as earlier traffic would: each passage's piece is stored
     first = next(iter(tiers.values()))
-    started = time.perf_counter()
-    for i in range(0, len(pool), args.docs):
-        group = [p["doc"] for p in pool[i : i + args.docs]]
-        first.finish(first.prefill(layout_of("Read.", group), press, "Read.", namespace)[1])
-    read_s = _since(started)
     rng = random.Random(args.seed + 1)
     rows: list[dict[Any, Any]] = []
-    for q in range(args.questions):
-        target = rng.randrange(len(pool))
-        others = rng.sample([i for i in range(len(pool)) if i != target], args.docs - 1)
-        order = [target, *others]
+    read_s = 0.0
+    for q in range(min(args.questions, len(items))):
+        low = min(q - q % args.pool, len(items) - args.pool)  # this question's pool
+        window = list(range(low, low + args.pool))
+        if q % args.pool == 0:  # read the pool once, as earlier traffic would
+            started = time.perf_counter()
+            for i in range(0, args.pool, args.docs):
+                group = [passages[j].doc for j in window[i : i + args.docs]]
+                first.finish(first.prefill(layout_of("Read.", group), press, "Read.", namespace)[1])
+            read_s += _since(started)
+        entry = passages[q]
+        order = [q, *rng.sample([i for i in window if i != q], args.docs - 1)]
         rng.shuffle(order)
-        needle = q % 2 == 1
-        entry = pool[target]
-        question = entry["needle"]["question"] if needle else entry["question"]
+        needle = bool(args.needle_every) and q % args.needle_every == args.needle_every - 1
+        if needle:
+            question, kind, answers = entry.needle_question, "needle", [entry.needle_value]
+        else:
+            question, kind, answers = entry.item.question, entry.item.type, entry.item.answers
         layout = layout_of(
-            question, [pool[i]["doc"] for i in order], entry["needle"]["prefix"] if needle else ""
+            question, [passages[i].doc for i in order], entry.needle_prefix if needle else ""
         )
+        target: dict[str, Any] = {"item_type": kind, "answers": answers, "gold_ids": [entry.doc.id]}
         roles = prompt_roles(tokenizer, layout)
         focus = prompt_focus(tokenizer, layout) if uses_focus(press) else None
         started = time.perf_counter()
@@ -205,11 +213,12 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         cold_tokens = runtime.generate(cold, generation)
         reference = full_reference(runtime, cold, cold_tokens)
         row: dict[Any, Any] = {
+            "dataset": entry.dataset,
             "prompt_tokens": layout.num_tokens,
             "needle": needle,
             "cold_s": cold_s,
+            "cold": answer_scores(runtime, layout, question, cold, cold_tokens, **target),
         }
-        row["cold_found"] = needle and entry["needle"]["value"] in tokenizer.decode(cold_tokens)
         for share, tier in tiers.items():
             started = time.perf_counter()
             reused, report = tier.prefill(layout, press, question, namespace)
@@ -233,8 +242,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
                 "kl": fid["kl"],
                 "match": tokens == cold_tokens,
                 "top1": top1,
-                "found": needle and entry["needle"]["value"] in tokenizer.decode(tokens),
                 "recomputed": report.recomputed_tokens,
+                **answer_scores(runtime, layout, question, reused, tokens, **target),
             }
             store.delete(
                 tier.entry_keys(layout, press, question, namespace)[0]
@@ -248,8 +257,6 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         )
     store.close()
     scratch.cleanup()
-    needles = [r for r in rows if r["needle"]]
-    base_kl = statistics.fmean(r["0.0"]["kl"] for r in rows) if shares[0] == 0 else None
     result: dict[str, Any] = {
         "model": runtime.loaded.model_id,
         "device": str(runtime.loaded.device),
@@ -257,38 +264,23 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         "threads": torch.get_num_threads(),
         "press": press.config(),
         "select": selects,
+        "data": [str(p) for p in args.data],
+        "skip": args.skip,
         "questions": len(rows),
+        "datasets": {
+            d: sum(r["dataset"] == d for r in rows) for d in sorted({r["dataset"] for r in rows})
+        },
+        "needle_questions": sum(r["needle"] for r in rows),
         "pool": args.pool,
         "docs_per_prompt": args.docs,
         "prompt_tokens_median": statistics.median(r["prompt_tokens"] for r in rows),
         "pool_read_s": round(read_s, 2),
         "ttft_cold_s_median": round(statistics.median(r["cold_s"] for r in rows), 4),
-        "needle_found_cold": _rate(r["cold_found"] for r in needles),
-        "shares": {},
+        **run_summary(rows, list(tiers), shares[0] == 0),
     }
-    for share in tiers:
-        stats = [r[share] for r in rows]
-        kl = statistics.fmean(s["kl"] for s in stats)
-        result["shares"][str(share)] = {
-            "ttft_s_median": round(statistics.median(s["ttft_s"] for s in stats), 4),
-            "ttft_speedup_median": round(
-                statistics.median(r["cold_s"] / r[share]["ttft_s"] for r in rows), 2
-            ),
-            "kl_mean": round(kl, 5),
-            "kl_over_concat": None if not base_kl else round(kl / base_kl, 3),
-            "answer_agreement": _rate(s["match"] for s in stats),
-            "top1_agreement": round(statistics.fmean(s["top1"] for s in stats), 3),
-            "needle_found": _rate(s["found"] for s in (r[share] for r in needles)),
-            "recomputed_tokens_mean": round(statistics.fmean(s["recomputed"] for s in stats), 1),
-        }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         for field, value in result.items():
             print(f"{field:>24}: {value}")
     return 0
-
-
-def _rate(flags: Any) -> float | None:
-    values = [bool(f) for f in flags]
-    return round(sum(values) / len(values), 3) if values else None
