@@ -46,14 +46,14 @@ def test_a_long_answer_stays_within_its_slack(arch):
     settings = DecodeSnapKV(slack=8, window=4)
     batch = engine.runtime.decode_batch(stop_ids=set())
     row = batch.add("r", prefill, LONG, decode_compression=settings)
-    start = batch.kv.lengths[0].clone()
+    start = batch.lanes[0].kv.lengths[0].clone()
     longest = start.clone()
     while batch.rows:
         batch.step()
         if batch.rows:
-            longest = torch.maximum(longest, batch.kv.lengths[0])
+            longest = torch.maximum(longest, batch.lanes[0].kv.lengths[0])
     assert len(row.tokens) == LONG.max_new_tokens
-    sliding = [w is not None for w in batch.kv.windows]
+    sliding = [w is not None for w in batch.windows]
     for layer, is_sliding in enumerate(sliding):
         if not is_sliding:  # full-attention layers never pass start + slack
             assert longest[layer] <= start[layer] + settings.slack
@@ -68,7 +68,7 @@ def test_a_compacted_row_decodes_as_a_row_built_from_those_entries():
     batch = engine.runtime.decode_batch(stop_ids=set())
     batch.add("r", prefill, LONG)
     for layer, (k, _) in enumerate(prefill.layers):
-        batch.kv.compact(0, layer, every_other[layer].expand(k.shape[1], -1))
+        batch.lanes[0].kv.compact(0, layer, every_other[layer].expand(k.shape[1], -1))
 
     def padded_bias(layer: int, b: torch.Tensor) -> torch.Tensor:
         full = b.new_zeros((*b.shape[:2], prefill.layers[layer][0].shape[-2]))

@@ -221,3 +221,37 @@ def test_chunked_prefill_through_the_runtime_attention_equals_transformers_sdpa(
     assert torch.allclose(ours, reference, atol=1e-5)
     for a, b in zip(cache.layers, reference_cache.layers, strict=True):
         assert torch.allclose(a.keys, b.keys, atol=1e-5)
+
+
+def test_32_rows_of_very_different_lengths_decode_as_alone_in_lanes_of_like_widths() -> None:
+    """Full caches of 600-900 entries beside compressed ones of 24-40: every row decodes
+    exactly as alone (float32), and rows sit in lanes whose buffers are padded only to
+    their own lane's widest row, not to the batch's."""
+    engine = tiny_engine("llama")
+    requests = []
+    for i in range(32):
+        if i % 8 == 3:  # 4 full caches of long prompts
+            prefill = engine.runtime.prefill(
+                random_prompt(600 + 100 * (i // 8), seed=i), make_press("full")
+            )
+        else:
+            budget = 24 + (i % 3) * 8
+            press = make_press("snapkv", budget=budget, window=8)
+            prefill = engine.runtime.prefill(random_prompt(60 + 7 * i, seed=i), press)
+        requests.append((prefill, GenerationConfig(max_new_tokens=4 + i % 5)))
+    alone = [decode(engine.runtime, [r], stop_ids=set())[0] for r in requests]
+    batch = engine.runtime.decode_batch(stop_ids=set())
+    rows = [batch.add(i, p, g) for i, (p, g) in enumerate(requests)]
+    assert len(batch.lanes) == 2
+    assert sorted(len(lane.rows) for lane in batch.lanes) == [4, 28]
+    # one buffer for all would pad 32 rows to 900 entries; the lanes hold far less
+    keys = requests[0][0].layers[0][0]  # [1, Hkv, n, D]
+    entry_bytes = (
+        2 * keys.shape[1] * keys.shape[3] * keys.element_size() * len(engine.runtime.windows)
+    )
+    widest = max(int(p.original_length) for p, _ in requests)
+    assert batch.buffer_bytes() < 0.25 * 32 * widest * entry_bytes
+    for _ in batch.run():
+        pass
+    assert [r.tokens for r in rows] == alone
+    assert not batch.lanes

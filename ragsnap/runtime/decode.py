@@ -1,9 +1,15 @@
 """The decode loop: rows with their own sampler, stop tokens, length and cancellation.
 
 A :class:`DecodeBatch` holds any number of rows (requests) and advances all of them with
-one model call per :meth:`DecodeBatch.step`. Rows join and leave between steps; a row's
-tokens depend only on its own cache and sampler, never on the other rows (up to float
-noise in the batched matmuls). One request decoding alone is a batch of one row.
+one model call per lane per :meth:`DecodeBatch.step`. Rows join and leave between steps; a
+row's tokens depend only on its own cache and sampler, never on the other rows (up to
+float noise in the batched matmuls). One request decoding alone is a batch of one row.
+
+A lane is rows of like cache widths sharing one set of buffers (:class:`Lane`). A row
+joins the first lane where the widest and narrowest caches stay within a factor
+``1 / LANE_SHARE`` of each other, else opens one: buffers are padded to their lane's widest
+row, so a full cache beside compressed ones (or a long prompt beside short ones) costs its
+own lane one more model call per step instead of padding every row to its length.
 
 With ``speculate=k``, a greedy row also feeds up to ``k`` drafted tokens
 (:mod:`ragsnap.runtime.drafts`: the ones a lookahead press drafted on the full cache, and
@@ -46,6 +52,10 @@ RESERVE_TOKENS = 256
 # token, 118 ms for 1 row of 5; 114 / 139 ms for 4 rows of 1 / 3; 139 / 250 ms for 8 rows
 # of 1 / 5: drafts paid at 1 and 4 rows, not at 8 (bench speculate, docs/results.md)
 DRAFT_PASS_TOKENS = 12
+
+# rows share a lane while its narrowest cache holds at least this share of its widest's
+# entries: a lane's padding at most doubles the memory of its rows' caches
+LANE_SHARE = 0.5
 
 # (the row's tokens so far, its next-token logits [1, V]) -> logits to sample from
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
@@ -97,6 +107,23 @@ class StepOutput:
     finish_reason: str | None
 
 
+@dataclass
+class Lane:
+    """Rows of like cache widths (``rows[r]`` is row ``r`` of ``kv``), decoded with one
+    model call per step."""
+
+    kv: BatchedKV
+    rows: list[DecodeRow] = field(default_factory=list)
+
+    def fits(self, entries: int, share: float = LANE_SHARE) -> bool:
+        """Whether a row whose longest layer holds ``entries`` may join: the lane's widest
+        and narrowest rows then stay within ``1 / share`` of each other (a row counts at
+        least :data:`RESERVE_TOKENS`, the spare room every row's buffer has anyway)."""
+        widths = [*self.kv.lengths.max(dim=1).values.tolist(), entries]
+        widths = [max(int(w), RESERVE_TOKENS) for w in widths]
+        return min(widths) >= share * max(widths)
+
+
 class DecodeBatch:
     """Rows decoding together on one model (see the module docstring)."""
 
@@ -118,13 +145,26 @@ class DecodeBatch:
         self.speculate = speculate
         self.ngrams = ngrams
         self.commit_drafts = commit_drafts
-        self.kv = BatchedKV(windows)
-        self.rows: list[DecodeRow] = []
+        self.windows = windows
+        self.lanes: list[Lane] = []
         self._cancelled: set[Hashable] = set()
         self.last_step_s = 0.0
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return sum(len(lane.rows) for lane in self.lanes)
+
+    @property
+    def rows(self) -> list[DecodeRow]:
+        """Every row, lane by lane."""
+        return [row for lane in self.lanes for row in lane.rows]
+
+    def kv_bytes(self) -> int:
+        """Bytes of the entries the rows hold (padding and spare room excluded)."""
+        return sum(lane.kv.nbytes() for lane in self.lanes)
+
+    def buffer_bytes(self) -> int:
+        """Bytes of every lane's key and value buffers (padding and spare room included)."""
+        return sum(k.numel() * k.element_size() * 2 for lane in self.lanes for k in lane.kv.keys)
 
     def add(
         self,
@@ -168,13 +208,19 @@ class DecodeBatch:
             and decode_compression is None
         ):
             row.commit = list(prefill.draft)
-        self.kv.add(
-            prefill.layers,
+        layers = prefill.layers
+        entries = max(k.shape[-2] for k, _ in layers)
+        lane = next((lane for lane in self.lanes if lane.fits(entries)), None)
+        if lane is None:
+            lane = Lane(BatchedKV(self.windows))
+            self.lanes.append(lane)
+        lane.kv.add(
+            layers,
             prefill.original_length,
             prefill.bias,
             reserve=min(generation.max_new_tokens, RESERVE_TOKENS),
         )
-        self.rows.append(row)
+        lane.rows.append(row)
         return row
 
     def cancel(self, key: Hashable) -> None:
@@ -202,28 +248,37 @@ class DecodeBatch:
             outputs.append(StepOutput(row.key, token, row.finish_reason))
         self._cancelled.difference_update(o.key for o in outputs if o.finish_reason)
         self._retire()
-        if not self.rows:
+        if not self.lanes:
             return outputs
-        committed = [row.committing for row in self.rows]  # the rest of each is fed now
-        drafts = self._drafts()
         started = time.perf_counter()
-        voting = [(r, row.votes) for r, row in enumerate(self.rows) if row.votes is not None]
-        with observe_attention(self._recorder(voting)) if voting else nullcontext():
+        for lane in self.lanes:
+            self._advance(lane, outputs)
+        self.last_step_s = time.perf_counter() - started
+        for row in self.rows:  # a step's latency is every row's: they wait for each lane
+            row.decode_s += self.last_step_s
+            row.steps += 1
+        self._retire()
+        return outputs
+
+    def _advance(self, lane: Lane, outputs: list[StepOutput]) -> None:
+        """One model call for ``lane``'s rows (each fed its token and draft), then keep what
+        it confirms."""
+        committed = [row.committing for row in lane.rows]  # the rest of each is fed now
+        drafts = self._drafts(lane.rows)
+        voting = [(r, row.votes) for r, row in enumerate(lane.rows) if row.votes is not None]
+        with observe_attention(self._recorder(lane.kv, voting)) if voting else nullcontext():
             logits = forward_rows(
                 self.model,
                 self.cache_kwarg,
-                self.kv,
-                [[row.tokens[-1], *draft] for row, draft in zip(self.rows, drafts, strict=True)],
+                lane.kv,
+                [[row.tokens[-1], *draft] for row, draft in zip(lane.rows, drafts, strict=True)],
                 last=not any(drafts),
                 lean=None if voting else self.lean,
             )
-        self._reselect(voting)
+        self._reselect(lane.kv, voting)
         if logits.is_cuda:
             torch.cuda.synchronize(logits.device)
-        self.last_step_s = time.perf_counter() - started
-        for r, (row, draft) in enumerate(zip(self.rows, drafts, strict=True)):
-            row.decode_s += self.last_step_s
-            row.steps += 1
+        for r, (row, draft) in enumerate(zip(lane.rows, drafts, strict=True)):
             if logits.dim() == 2:
                 row.next_logits = logits[r : r + 1]
                 continue
@@ -232,9 +287,7 @@ class DecodeBatch:
             else:
                 kept = self._verify(row, draft, logits[r], outputs)
             row.next_logits = logits[r, kept : kept + 1]
-            self.kv.retract(r, len(draft) - kept)
-        self._retire()
-        return outputs
+            lane.kv.retract(r, len(draft) - kept)
 
     def _choose(self, row: DecodeRow, logits: torch.Tensor) -> int:
         """The token ``row``'s sampler picks from ``logits`` ``[1, V]`` after its processor."""
@@ -253,21 +306,23 @@ class DecodeBatch:
             row.finish_reason = "stop"
 
     def _retire(self) -> None:
-        """Drop the rows that ended (their caches leave the batch)."""
-        going = [i for i, row in enumerate(self.rows) if row.finish_reason is None]
-        if len(going) < len(self.rows):
-            self.kv.keep(going)
-            self.rows = [self.rows[i] for i in going]
+        """Drop the rows that ended (their caches leave the batch), and empty lanes."""
+        for lane in self.lanes:
+            going = [i for i, row in enumerate(lane.rows) if row.finish_reason is None]
+            if len(going) < len(lane.rows):
+                lane.kv.keep(going)
+                lane.rows = [lane.rows[i] for i in going]
+        self.lanes = [lane for lane in self.lanes if lane.rows]
 
-    def _drafts(self) -> list[list[int]]:
-        """Per row, the tokens it feeds after its next one (none for a row that does not
-        speculate, and for every row while some row's attention is recorded: one query
-        per row then)."""
-        most = min(self.speculate, DRAFT_PASS_TOKENS // len(self.rows) - 1)
-        if any(row.votes is not None for row in self.rows):
-            return [[] for _ in self.rows]
+    def _drafts(self, rows: list[DecodeRow]) -> list[list[int]]:
+        """Per row of one pass, the tokens it feeds after its next one (none for a row that
+        does not speculate, and for every row while some row's attention is recorded: one
+        query per row then)."""
+        most = min(self.speculate, DRAFT_PASS_TOKENS // len(rows) - 1)
+        if any(row.votes is not None for row in rows):
+            return [[] for _ in rows]
         out = []
-        for row in self.rows:
+        for row in rows:
             done = len(row.tokens)
             room = row.generation.max_new_tokens - done
             if row.committing:
@@ -303,31 +358,34 @@ class DecodeBatch:
                 return j + 1
         return len(draft)
 
+    @staticmethod
     def _recorder(
-        self, voting: list[tuple[int, DecodeVotes]]
+        kv: BatchedKV, voting: list[tuple[int, DecodeVotes]]
     ) -> Callable[[int, torch.Tensor], None]:
-        """An attention observer that hands each voting row its step's probabilities."""
-        before = self.kv.lengths.clone()  # this step's token sits right after them
+        """An attention observer that hands each voting row of ``kv`` its step's
+        probabilities."""
+        before = kv.lengths.clone()  # this step's token sits right after them
 
         def record(layer: int, probs: torch.Tensor) -> None:  # probs: [B, Hq, 1, K + 1]
-            if self.kv.windows[layer] is not None:
+            if kv.windows[layer] is not None:
                 return
-            heads = self.kv.keys[layer].shape[1]
+            heads = kv.keys[layer].shape[1]
             for r, votes in voting:
                 seen = int(before[r, layer]) + 1
                 votes.record(layer, probs[r, :, 0, :seen], heads)
 
         return record
 
-    def _reselect(self, voting: list[tuple[int, DecodeVotes]]) -> None:
-        """Re-select the layers of voting rows that outgrew their slack."""
+    @staticmethod
+    def _reselect(kv: BatchedKV, voting: list[tuple[int, DecodeVotes]]) -> None:
+        """Re-select the layers of ``kv``'s voting rows that outgrew their slack."""
         for r, votes in voting:
-            for layer, window in enumerate(self.kv.windows):
-                length = int(self.kv.lengths[r, layer])
+            for layer, window in enumerate(kv.windows):
+                length = int(kv.lengths[r, layer])
                 if window is None and votes.due(layer, length):
-                    self.kv.compact(r, layer, votes.select(layer, length))
+                    kv.compact(r, layer, votes.select(layer, length))
 
     def run(self) -> Iterator[StepOutput]:
         """Step until every row has finished, yielding each step's outputs."""
-        while self.rows:
+        while self.lanes:
             yield from self.step()

@@ -82,7 +82,7 @@ def timed_batch(runtime: Any, prefills: list[Any], steps: int) -> tuple[float, i
     started = time.perf_counter()
     for _ in range(steps):
         batch.step()
-    return time.perf_counter() - started, batch.kv.nbytes()
+    return time.perf_counter() - started, batch.kv_bytes()
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
