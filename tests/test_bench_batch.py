@@ -138,3 +138,18 @@ def test_bench_batch_compare_pass_needs_a_llama_family_model(monkeypatch, capsys
     args = ["bench", "batch", "--concurrency", "1", "--context", "120", "--budget", "48"]
     assert main([*args, "--decode-tokens", "2", "--repeats", "1", "--compare-pass"]) == 2
     assert "--compare-pass" in capsys.readouterr().err
+
+
+def test_bench_batch_compare_lanes_pads_less_than_one_buffer(tiny, capsys) -> None:
+    args = ["bench", "batch", "--concurrency", "1,5", "--context", "600", "--budget", "48"]
+    assert main([*args, "--decode-tokens", "2", "--repeats", "1", "--compare-lanes"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    one, five = report["lanes"]
+    assert one["lanes_count"] == one["one_buffer_count"] == 1  # a single full row
+    # rows 0 and 4 are full caches of 600 entries, rows 1-3 compressed to about 56
+    assert five["lanes_count"] == 2 and five["one_buffer_count"] == 1
+    assert five["kv_bytes"] < five["lanes_buffer_bytes"] < 0.7 * five["one_buffer_buffer_bytes"]
+    assert five["lanes_ms_per_step"] > 0 and five["one_buffer_ms_per_step"] > 0
+    from ragsnap.runtime import decode
+
+    assert decode.LANE_SHARE == 0.5  # left as it was

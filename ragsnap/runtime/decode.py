@@ -115,13 +115,13 @@ class Lane:
     kv: BatchedKV
     rows: list[DecodeRow] = field(default_factory=list)
 
-    def fits(self, entries: int, share: float = LANE_SHARE) -> bool:
+    def fits(self, entries: int, share: float | None = None) -> bool:
         """Whether a row whose longest layer holds ``entries`` may join: the lane's widest
         and narrowest rows then stay within ``1 / share`` of each other (a row counts at
         least :data:`RESERVE_TOKENS`, the spare room every row's buffer has anyway)."""
         widths = [*self.kv.lengths.max(dim=1).values.tolist(), entries]
         widths = [max(int(w), RESERVE_TOKENS) for w in widths]
-        return min(widths) >= share * max(widths)
+        return min(widths) >= (LANE_SHARE if share is None else share) * max(widths)
 
 
 class DecodeBatch:

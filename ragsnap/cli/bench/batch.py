@@ -21,6 +21,10 @@ prefill, draft and compress, as a new question over seen documents is): the rows
 compressed in turn, and side by side on one worker thread per core (as the server does),
 alternating.
 
+``--compare-lanes`` also times decode steps of mixed rows (every fourth a full cache, the
+rest compressed) in lanes of like widths and in one buffer padded to the longest row
+(:mod:`ragsnap.runtime.decode`), alternating, with the buffer bytes of each.
+
 ``--compare-linears`` (CPU) also times the compressed rows' decode steps with the packed
 linears the model loads with (oneDNN bfloat16, or fbgemm half-precision weights for
 float32) and with plain dense ones, alternating between the two layouts on the same rows.
@@ -64,6 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compare-pass",
         action="store_true",
         help="also time decode with the lean Llama pass vs transformers' module tree",
+    )
+    parser.add_argument(
+        "--compare-lanes",
+        action="store_true",
+        help="also time mixed full and compressed rows in lanes vs in one padded buffer",
     )
     parser.add_argument(
         "--compare-tails",
@@ -203,6 +212,37 @@ def compare_pass(
         runtime.lean = lean
 
 
+def compare_lanes(
+    runtime: Any, prefills: dict[str, list[Any]], levels: list[int], steps: int, repeats: int
+) -> list[dict[str, Any]]:
+    """Per concurrency, ms per decode step of mixed rows (every fourth a full cache) in
+    lanes of like widths and in one padded buffer (medians), and each one's buffer bytes."""
+    from ragsnap.runtime import decode
+
+    count = max(levels)
+    mixed = [prefills["full" if i % 4 == 0 else "compressed"][i] for i in range(count)]
+    default = decode.LANE_SHARE
+
+    def use(share: float) -> Callable[[], None]:
+        return lambda: setattr(decode, "LANE_SHARE", share)
+
+    variants = [("lanes", use(default)), ("one_buffer", use(0.0))]
+    try:
+        rows = alternate(runtime, mixed, levels, steps, repeats, variants)
+        for row in rows:
+            for name, switch in variants:
+                switch()
+                batch = runtime.decode_batch(stop_ids=set())
+                for i, p in enumerate(mixed[: row["concurrency"]]):
+                    batch.add(i, p, GenerationConfig(max_new_tokens=steps + 2))
+                row[f"{name}_buffer_bytes"] = batch.buffer_bytes()
+                row[f"{name}_count"] = len(batch.lanes)
+            row["kv_bytes"] = batch.kv_bytes()
+        return rows
+    finally:
+        decode.LANE_SHARE = default
+
+
 def compare_tails(
     runtime: Any, press: Any, context: int, levels: list[int], repeats: int, threads: int
 ) -> list[dict[str, Any]]:
@@ -257,8 +297,8 @@ def compare_tails(
 
 def measure(
     runtime: Any, args: argparse.Namespace, levels: list[int]
-) -> tuple[list[dict[str, Any]], list[Any]]:
-    """The throughput rows, and the compressed prefills they decoded."""
+) -> tuple[list[dict[str, Any]], dict[str, list[Any]]]:
+    """The throughput rows, and the prefills they decoded by cache kind."""
     from ragsnap.compression import FullPress, make_press
 
     press = make_press(args.press, budget=args.budget)
@@ -288,7 +328,7 @@ def measure(
                     "kv_bytes_peak": runs[0][1],
                 }
             )
-    return rows, prefills["compressed"]
+    return rows, prefills
 
 
 def run(args: argparse.Namespace) -> int:
@@ -320,7 +360,8 @@ def run(args: argparse.Namespace) -> int:
                 "one, not together",
                 field="press",
             )
-    results, compressed = measure(runtime, args, levels)
+    results, prefills = measure(runtime, args, levels)
+    compressed = prefills["compressed"]
     report: dict[str, Any] = {
         "model": runtime.loaded.model_id,
         "device": str(runtime.device),
@@ -345,6 +386,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.compare_pass:
         report["pass"] = compare_pass(runtime, compressed, levels, args.decode_tokens, args.repeats)
+    if args.compare_lanes:
+        report["lanes"] = compare_lanes(runtime, prefills, levels, args.decode_tokens, args.repeats)
     if args.compare_tails:
         report["tails"] = compare_tails(
             runtime, tail_press, args.context, levels, args.repeats, args.threads
@@ -354,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
         or args.gap_chunks
         or args.compare_linears
         or args.compare_pass
+        or args.compare_lanes
         or args.compare_tails
     ):
         print(json.dumps(report, indent=2))
