@@ -8,8 +8,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ragsnap.citations.claims import claims
+from ragsnap.citations.lift import LiftRule, support_features
 from ragsnap.citations.model import Citation
-from ragsnap.citations.sentences import split_sentences
+from ragsnap.citations.sentences import Sentence, split_sentences
 from ragsnap.citations.support import SupportRule
 
 if TYPE_CHECKING:
@@ -64,13 +65,35 @@ def grounding(
     return Verdict(score >= rule.grounded_share, score, tuple(unsupported))
 
 
-def judge(done: Answer, options: CitationOptions) -> Answer:
+def with_lift(
+    verdict: Verdict, key: Sentence | None, lift: float | None, rule: LiftRule
+) -> Verdict:
+    """``verdict`` (the lexical one) decided again by ``rule`` from its share, whether the
+    ``key`` sentence is supported and the key sentence's ``lift``
+    (:mod:`ragsnap.citations.lift`); the score becomes the rule's probability."""
+    if verdict.score is None:
+        return verdict
+    features = support_features(verdict.score, verdict.unsupported, key, lift)
+    probability = rule.probability(features)
+    return replace(verdict, grounded=probability >= 0.5, score=round(probability, 4))
+
+
+def judge(
+    done: Answer,
+    options: CitationOptions,
+    key_lift: tuple[Sentence | None, float | None] | None = None,
+    rule: LiftRule | None = None,
+) -> Answer:
     """``done`` with its verdict; with ``unsupported="abstain"`` an answer that is not
     grounded becomes ``options.abstain_text`` (the model's answer kept in
-    ``model_answer``). Model markers alone carry no evidence: no verdict."""
+    ``model_answer``). Model markers alone carry no evidence: no verdict. With a ``rule``
+    and the answer's key sentence and its lift (``key_lift``), the rule decides
+    (:func:`with_lift`); else the lexical verdict stands."""
     if options.mode != "attribution":
         return done
     verdict = grounding(done.answer, done.citations, options.support)
+    if rule is not None and key_lift is not None:
+        verdict = with_lift(verdict, *key_lift, rule)
     done = replace(
         done,
         grounded=verdict.grounded,

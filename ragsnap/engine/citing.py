@@ -12,10 +12,21 @@ from ragsnap.citations import Citation
 from ragsnap.citations.attribution import default_attention_layers
 from ragsnap.citations.cite import cite_answer
 from ragsnap.citations.kept import DocumentKeptTokens, document_kept_tokens
+from ragsnap.citations.lift import (
+    LiftRule,
+    key_sentence,
+    load_lift_rule,
+    sentence_quotes,
+    support_features,
+)
 from ragsnap.citations.markers import MarkerConstraint, marker_candidates, vocabulary_texts
-from ragsnap.citations.verdict import judge
+from ragsnap.citations.sentences import Sentence
+from ragsnap.citations.support import SupportRule
+from ragsnap.citations.verdict import grounding, judge
+from ragsnap.compression.layer_budgets import model_fingerprint
 from ragsnap.engine.events import CitationsEvent, DoneEvent
 from ragsnap.engine.prepared import PreparedAnswer
+from ragsnap.prompt.support_prompt import support_prompts
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
 from ragsnap.runtime.model_runtime import ModelRuntime
 
@@ -28,6 +39,8 @@ class AnswerCiting:
         self.tokenizer = tokenizer
         self._vocab_texts: list[str] | None = None
         self._marker_candidates: list[int] = []
+        # the calibrated likelihood rule of this model (issue 43); None: lexical verdict
+        self.lift_rule: LiftRule | None = load_lift_rule(model_fingerprint(runtime.model.config))
 
     def logits_processor(self, prepared: PreparedAnswer) -> LogitsProcessor | None:
         """The per-row decode constraint of ``prepared`` (marker control), or None."""
@@ -68,15 +81,51 @@ class AnswerCiting:
         statistics, its verdict and, when asked for, abstention (issue 43; the streamed
         tokens stay the model's) and the kept-token map."""
         citations, marked, cite_s = self.cite(prepared, row.tokens)
+        answer = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        started = time.perf_counter()
+        key_lift = None
+        if self.lift_rule is not None and prepared.options.citations.mode == "attribution":
+            support = prepared.options.citations.support
+            key_lift = self.key_lift(prepared.question, answer, citations, support)
+        cite_s += time.perf_counter() - started
         done = DoneEvent(
-            answer=self.tokenizer.decode(row.tokens, skip_special_tokens=True),
+            answer=answer,
             citations=citations,
             stats=prepared.stats(row, ttft_s, cite_s, model, str(self.runtime.device)),
             answer_with_markers=marked,
             kept_tokens=self.kept_map(prepared) if prepared.options.kept_tokens else None,
         )
-        done = judge(done, prepared.options.citations)
+        done = judge(done, prepared.options.citations, key_lift, self.lift_rule)
         return CitationsEvent(citations=citations, answer_with_markers=marked), done
+
+    def key_lift(
+        self,
+        question: str,
+        answer: str,
+        citations: list[Citation],
+        support: SupportRule | None = None,
+        gate: bool = True,
+    ) -> tuple[Sentence | None, float | None]:
+        """The answer's key sentence and the lift its quotes give it: one short pass per
+        condition, skipped (lift 0.0) when the lexical features already decide the rule
+        (``gate``); lift None without a key sentence or a quote cited for it."""
+        key = key_sentence(answer, question)
+        quotes = sentence_quotes(key, citations) if key is not None else []
+        if key is None or not quotes:
+            return key, None
+        if gate and self.lift_rule is not None:
+            lexical = grounding(answer, citations, support)
+            if lexical.score is None:
+                return key, None
+            known = support_features(lexical.score, lexical.unsupported, key, 0.0)
+            if self.lift_rule.decided(known.share, known.key_supported) is not None:
+                return key, 0.0
+        try:
+            prompts = support_prompts(self.tokenizer, question, quotes, key.text)
+        except ValueError:  # nothing left to score once markers are removed
+            return key, None
+        lift = self.runtime.likelihood_lift([prompts.given], [prompts.alone], [prompts.target])
+        return key, float(lift[0])
 
     def kept_map(self, prepared: PreparedAnswer) -> list[DocumentKeptTokens]:
         """Per document, the share of layers and heads that kept each of its tokens."""

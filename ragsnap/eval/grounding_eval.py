@@ -5,7 +5,12 @@ documents to the same prompt length), so the documents do not answer them.
 ``python -m ragsnap.eval.grounding_eval --format hotpotqa --data PATH -n 50`` prints one
 JSON object: per set, answerable accuracy, the share of right answers that are grounded,
 the share of unanswerable answers that are not grounded (what ``abstain`` would replace),
-the accuracy ``abstain`` would keep, and the check's time against the answer's.
+the accuracy ``abstain`` would keep, and the check's time against the answer's. Each row
+also holds the lexical verdict alone and the likelihood features
+(:mod:`ragsnap.citations.lift`), so a rule can be calibrated on the rows of held-out
+items (``--skip 50``: items 51-100; ``ragsnap.eval.grounding_calibrate``).
+``--instruction plain`` drops the system instruction's last sentence (say so when the
+documents do not answer) for the abstention-prompt experiment.
 """
 
 from __future__ import annotations
@@ -13,19 +18,51 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ragsnap.citations.sentences import Sentence
 from ragsnap.citations.support import check_sentence
-from ragsnap.citations.verdict import grounding
+from ragsnap.citations.verdict import Verdict, grounding
 from ragsnap.engine.events import DoneEvent
 from ragsnap.eval.items import EvalItem
 from ragsnap.eval.metrics import contains_any
+from ragsnap.prompt import assembly
 from ragsnap.prompt.documents import Document
+
+# the model says the documents do not hold the answer (the abstention-prompt experiment)
+_SAYS_NO_ANSWER = re.compile(
+    r"\b(?:documents?|passages?|texts?|context|information)\b[^.]{0,40}?"
+    r"\b(?:do(?:es)?\s+not|don['’]t|doesn['’]t|not)\b"
+    r"|\b(?:not\s+(?:mentioned|provided|specified|stated|given)|no\s+(?:information|mention))\b",
+    re.IGNORECASE,
+)
+# the system instruction without its sentence about answers the documents lack
+PLAIN_INSTRUCTION = assembly.SYSTEM_INSTRUCTION.rsplit(" If the documents", 1)[0]
+
+
+def says_no_answer(answer: str) -> bool:
+    """Whether ``answer`` says the documents do not answer (a model abstaining itself)."""
+    return bool(_SAYS_NO_ANSWER.search(answer))
+
+
+@contextmanager
+def system_instruction(text: str) -> Iterator[None]:
+    """Prompts assembled in this block use ``text`` as the system instruction (the
+    experiment only: the shipped prompt is ``assembly.SYSTEM_INSTRUCTION``)."""
+    defaults = assembly.assemble_prompt.__kwdefaults__
+    assert defaults is not None, "assemble_prompt takes its system instruction by keyword"
+    saved = defaults["system"]
+    defaults["system"] = text
+    try:
+        yield
+    finally:
+        defaults["system"] = saved
 
 
 def without_gold(
@@ -57,9 +94,12 @@ def without_gold(
     )
 
 
-def check_seconds(done: DoneEvent, question: str, documents: Sequence[Document]) -> float:
-    """The time of the claim-level work on ``done`` again: each cited sentence against its
-    citation's quotes and document, then the verdict (what the engine adds per answer)."""
+def check_features(
+    engine: Any, done: DoneEvent, question: str, documents: Sequence[Document]
+) -> dict[str, Any]:
+    """The claim-level work on ``done`` again, timed: each cited sentence against its
+    citation's quotes and document, the lexical verdict, then the key sentence's
+    likelihood lift (what the engine adds per answer), with what it found."""
     answer = done.model_answer if done.model_answer is not None else done.answer
     started = time.perf_counter()
     for citation in done.citations:
@@ -67,8 +107,22 @@ def check_seconds(done: DoneEvent, question: str, documents: Sequence[Document])
         quotes = [q.text for q in citation.quotes] + [doc.title]
         for start, end in citation.spans:
             check_sentence(Sentence(answer[start:end], start, end), quotes, [doc.text], question)
-    grounding(answer, done.citations)
-    return time.perf_counter() - started
+    lexical: Verdict = grounding(answer, done.citations)
+    lexical_s = time.perf_counter() - started
+    key, lift = engine.citing.key_lift(question, answer, done.citations)
+    check_s = time.perf_counter() - started
+    if engine.citing.lift_rule is not None:  # the pass may have been skipped: the row's lift
+        key, lift = engine.citing.key_lift(question, answer, done.citations, gate=False)
+    unsupported = {tuple(span) for span in lexical.unsupported}
+    return {
+        "lexical_grounded": lexical.grounded,
+        "lexical_score": lexical.score,
+        "key_supported": key is not None and (key.start, key.end) not in unsupported,
+        "has_key": key is not None,
+        "lift": lift,
+        "check_s": check_s,
+        "lexical_check_s": lexical_s,
+    }
 
 
 def run_items(engine: Any, items: Sequence[EvalItem], budget: int, max_new_tokens: int) -> list:
@@ -88,22 +142,30 @@ def run_items(engine: Any, items: Sequence[EvalItem], budget: int, max_new_token
                 "id": item.id,
                 "answer": done.answer,
                 "correct": contains_any(done.answer, item.answers),
+                "says_no_answer": says_no_answer(done.answer),
                 "grounded": done.grounded,
                 "score": done.grounded_score,
                 "total_s": done.stats.total_s,
-                "check_s": check_seconds(done, item.question, item.documents),
+                **check_features(engine, done, item.question, item.documents),
             }
         )
     return rows
 
 
-def summarize(answerable: list[dict], unanswerable: list[dict]) -> dict[str, Any]:
-    """The issue's metrics over both sets of rows."""
+def summarize(
+    answerable: list[dict], unanswerable: list[dict], verdict: str = "grounded"
+) -> dict[str, Any]:
+    """The issue's metrics over both sets of rows, by the rows' ``verdict`` field
+    (``grounded``: the engine's; ``lexical_grounded``: the lexical rule alone)."""
+    answerable = [{**r, "grounded": r[verdict]} for r in answerable]
+    unanswerable = [{**r, "grounded": r[verdict]} for r in unanswerable]
     right = [r for r in answerable if r["correct"]]
     kept_right = [r for r in right if r["grounded"] is not False]
     share = lambda rows, test: round(sum(map(test, rows)) / len(rows), 4) if rows else None  # noqa: E731
     ratios = [r["check_s"] / r["total_s"] for r in answerable + unanswerable if r["total_s"]]
     return {
+        "says_no_answer_answerable": share(answerable, lambda r: r["says_no_answer"]),
+        "says_no_answer_unanswerable": share(unanswerable, lambda r: r["says_no_answer"]),
         "n_answerable": len(answerable),
         "n_unanswerable": len(unanswerable),
         "answerable_accuracy": share(answerable, lambda r: r["correct"]),
@@ -130,12 +192,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--format", choices=("hotpotqa", "bioasq"), required=True)
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("-n", type=int, default=50, help="items per set")
+    parser.add_argument("--skip", type=int, default=0, help="leave out the first items")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--instruction", choices=("shipped", "plain"), default="shipped")
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--context-tokens", type=int, default=2000, help="BioASQ padding")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rows", type=Path, help="write every row (JSON) here")
     args = parser.parse_args(argv)
-    engine = RagSnapEngine.load("embedded", device="cpu", dtype="float32")
+    # no KV cache: every answer is computed, so its time is an answer's time
+    engine = RagSnapEngine.load(
+        "embedded", device="cpu", dtype="float32", cache_url="none", threads=args.threads
+    )
 
     def count(text: str) -> int:
         return len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -147,14 +215,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         count_tokens=count,
         types=("factoid",) if args.format == "bioasq" else None,
     )
-    items = [i for i in loaded.items if i.answers and i.gold_doc_ids][: args.n]
+    usable = [i for i in loaded.items if i.answers and i.gold_doc_ids]
+    items = usable[args.skip : args.skip + args.n]
     pool = [d for i in loaded.items for d in i.documents]
-    answerable = run_items(engine, items, args.budget, args.max_new_tokens)
-    missing = [without_gold(i, pool, count) for i in items]
-    unanswerable = run_items(engine, missing, args.budget, args.max_new_tokens)
+    system = assembly.SYSTEM_INSTRUCTION if args.instruction == "shipped" else PLAIN_INSTRUCTION
+    with system_instruction(system):
+        answerable = run_items(engine, items, args.budget, args.max_new_tokens)
+        missing = [without_gold(i, pool, count) for i in items]
+        unanswerable = run_items(engine, missing, args.budget, args.max_new_tokens)
     if args.rows:
         args.rows.write_text(json.dumps({"answerable": answerable, "unanswerable": unanswerable}))
-    summary = {"format": args.format, "budget": args.budget, **summarize(answerable, unanswerable)}
+    summary = {
+        "format": args.format,
+        "budget": args.budget,
+        "items": f"{args.skip + 1}-{args.skip + len(items)}",
+        "instruction": args.instruction,
+        "likelihood_rule": engine.citing.lift_rule is not None,
+        **summarize(answerable, unanswerable),
+        "lexical_only": summarize(answerable, unanswerable, "lexical_grounded"),
+    }
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -22,6 +22,7 @@ from ragsnap.runtime.decode import DecodeBatch
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.generation import GenerationConfig, stop_token_ids
 from ragsnap.runtime.kv import cache_from_layers
+from ragsnap.runtime.likelihood import mean_lift
 from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.loading.models import LoadedModel
 from ragsnap.runtime.prefill import PrefillResult
@@ -359,6 +360,17 @@ class ModelRuntime:
     ) -> torch.Tensor:
         """Log-probs ``[k, n, V]`` of each prefill's cache along ``tokens`` (one pass)."""
         return teacher_force(self.model, self.cache_kwarg, self.windows, prefills, tokens)
+
+    def likelihood_lift(
+        self,
+        given: Sequence[Sequence[int]],
+        alone: Sequence[Sequence[int]],
+        targets: Sequence[Sequence[int]],
+    ) -> torch.Tensor:
+        """Mean per-token log-prob ``[k]`` of each target after ``given`` minus after
+        ``alone`` (two short passes, see ``runtime.likelihood``)."""
+        pad = self.tokenizer.pad_token_id or 0
+        return mean_lift(self.model, given, alone, targets, pad)
 
     def answer_attention(
         self, prefill: PrefillResult, tokens: Sequence[int], layers: Sequence[int] | None = None

@@ -1,0 +1,136 @@
+"""The verdict with the model's likelihood (issue 43): the lexical check of every sentence,
+plus how much the quotes make the answer's key sentence likelier to the model.
+
+The key sentence is the one that answers: the most claims the question does not itself
+make (a sentence that only restates the question's entities answers nothing). Its
+*lift* is the mean per-token log-prob of the sentence given only its quotes minus given
+no document (same chat template, one short pass per condition;
+:func:`ragsnap.runtime.likelihood.mean_lift`). A copy or a paraphrase of the quote is
+much likelier with it; an answer from memory, or one naming what the quote does not
+hold, is not.
+
+The rule is logistic over three features: the lexical share (the share of the answer's
+claims in supported sentences), whether the key sentence is supported, and the lift;
+``grounded`` when the probability reaches 0.5, ``score`` that probability. Its weights are
+calibrated per model on held-out items (``ragsnap.eval.grounding_calibrate``) and ship in
+``ragsnap/citations/profiles/<model fingerprint>.json``; a model without one keeps the
+lexical verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from ragsnap.citations.claims import claim_keys, claims
+from ragsnap.citations.model import Citation
+from ragsnap.citations.sentences import Sentence, split_sentences
+from ragsnap.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LiftRule:
+    """``sigmoid(bias + lexical * share + answer * key_supported + lift * lift)``; the lift
+    is clipped to ``[-clip, clip]`` nats per token first."""
+
+    lexical: float
+    answer: float
+    lift: float
+    bias: float
+    clip: float = 3.0
+
+    def __post_init__(self) -> None:
+        values = (self.lexical, self.answer, self.lift, self.bias, self.clip)
+        if not all(math.isfinite(v) for v in values) or self.clip <= 0:
+            raise ConfigError("a lift rule needs finite weights and a positive clip", field="lift")
+
+    def decided(self, share: float, key_supported: float) -> bool | None:
+        """The decision when no lift within ``[-clip, clip]`` can change it (the pass is
+        then skipped), else None."""
+        z = self.bias + self.lexical * share + self.answer * key_supported
+        low, high = z - abs(self.lift) * self.clip, z + abs(self.lift) * self.clip
+        if low >= 0:
+            return True
+        if high < 0:
+            return False
+        return None
+
+    def logit(self, features: SupportFeatures) -> float:
+        """``bias + weights . features`` (None lift: the lowest the clip allows)."""
+        lift = -self.clip if features.lift is None else features.lift
+        lift = max(-self.clip, min(self.clip, lift))
+        z = self.bias + self.lexical * features.share + self.answer * features.key_supported
+        return z + self.lift * lift
+
+    def probability(self, features: SupportFeatures) -> float:
+        """The probability that the answer is grounded, given its ``features``."""
+        return 1 / (1 + math.exp(-self.logit(features)))
+
+
+@dataclass(frozen=True)
+class SupportFeatures:
+    """``share``: the lexical score; ``key_supported``: 1.0 when the key sentence is
+    supported, else 0.0; ``lift``: its likelihood lift (None: there is no key sentence or
+    no quote is cited for it; the rule counts it as the lowest lift)."""
+
+    share: float
+    key_supported: float
+    lift: float | None
+
+
+def key_sentence(answer: str, question: str) -> Sentence | None:
+    """The sentence of ``answer`` that makes the most claims ``question`` does not (the
+    first of equals); None when every sentence only restates the question."""
+    asked = claim_keys(question)
+    best, most = None, 0
+    for sentence in split_sentences(answer):
+        new = sum(c.key not in asked for c in claims(sentence.text))
+        if new > most:
+            best, most = sentence, new
+    return best
+
+
+def sentence_quotes(sentence: Sentence, citations: Sequence[Citation]) -> list[str]:
+    """What the citations cited for ``sentence`` quote (each with its document's title),
+    without repeats."""
+    out: list[str] = []
+    for citation in citations:
+        if (sentence.start, sentence.end) not in citation.spans:
+            continue
+        for quote in citation.quotes:
+            text = f"{citation.title}: {quote.text}" if citation.title else quote.text
+            if text not in out:
+                out.append(text)
+    return out
+
+
+def support_features(
+    share: float,
+    unsupported: Sequence[tuple[int, int]],
+    key: Sentence | None,
+    lift: float | None,
+) -> SupportFeatures:
+    """The features of an answer whose lexical verdict gave ``share`` and the
+    ``unsupported`` sentence spans, with key sentence ``key`` and its ``lift``."""
+    supported = key is not None and (key.start, key.end) not in set(unsupported)
+    return SupportFeatures(share, 1.0 if supported else 0.0, lift if key is not None else None)
+
+
+def _profiles() -> Any:
+    return resources.files("ragsnap.citations").joinpath("profiles")
+
+
+def load_lift_rule(fingerprint: str) -> LiftRule | None:
+    """The calibrated rule for the model ``fingerprint``, or None when none ships."""
+    entry = _profiles().joinpath(f"{fingerprint}.json")
+    if not entry.is_file():
+        return None
+    data = json.loads(entry.read_text(encoding="utf-8"))
+    try:
+        return LiftRule(**data["rule"])
+    except (KeyError, TypeError) as err:
+        raise ConfigError(f"lift profile {fingerprint}.json is malformed: {err}") from err
