@@ -171,6 +171,44 @@ def test_question_selection_ranks_by_the_tails_attention_and_leaves_the_kv_alone
         blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "random", tail)
 
 
+def test_early_question_selection_reads_the_first_layers_and_stops_there(monkeypatch):
+    from ragsnap.runtime import blend_select
+
+    model, head, prefix, placed = _three_pieces()
+    tail = random_prompt(6, seed=9)
+    layers = _assemble(model, _kv(model, head, 0), placed, len(prefix))
+    hidden = torch.zeros(len(prefix), dtype=torch.bool)
+    hidden[[5, 26, 47]] = True
+    every = blend_select.question_attention(model, KWARG, layers, tail, hidden)
+    monkeypatch.setattr(blend_select, "EARLY_PROBE_LAYERS", model.config.num_hidden_layers)
+    assert torch.allclose(
+        blend_select.early_question_attention(model, KWARG, layers, tail, hidden), every
+    )
+    monkeypatch.setattr(blend_select, "EARLY_PROBE_LAYERS", 1)
+    deepest = model.model.layers[-1]
+    calls: list[int] = []
+    hook = deepest.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        first = blend_select.early_question_attention(model, KWARG, layers, tail, hidden)
+    finally:
+        hook.remove()
+    assert not calls  # the probe stopped after the first layer
+    assert (first[hidden] == 0).all() and (first[~hidden] > 0).all()
+    # one layer's query heads spread at most one unit per tail token over the prefix
+    assert float(first.sum()) <= model.config.num_attention_heads * len(tail) + 1e-3
+    assert not torch.allclose(first, every)
+    monkeypatch.setattr(blend, "LEAD_TOKENS", 2)  # 6 leading tokens, 9 by the first layer
+    got = blend_prefix(model, KWARG, prefix, len(head), placed, 0.25, "early-question", tail)
+    lead = set(blend.leading_positions(placed, len(head)).tolist())
+    rest = torch.tensor(
+        [p for p in range(len(head), len(prefix)) if not hidden[p] and p not in lead]
+    )
+    top = set(rest[first[rest].topk(9).indices].tolist())
+    assert got.selected == 15 and set(got.recomputed) == top | lead | {5, 26, 47}
+    full = blend_prefix(model, KWARG, prefix, len(head), placed, 1.0, "early-question", tail)
+    assert _max_diff(full.layers, _kv(model, prefix, 0)) < 1e-4
+
+
 def test_question_selection_always_recomputes_each_pieces_leading_tokens(monkeypatch):
     """EPIC (arXiv 2410.15332): a piece computed alone keeps an attention sink at its first
     tokens; the question-driven selection takes them first, whatever the question attends."""

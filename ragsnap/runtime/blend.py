@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ragsnap.runtime.attention import StepMask, step_masks
-from ragsnap.runtime.blend_select import question_attention
+from ragsnap.runtime.blend_select import early_question_attention, question_attention
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_from_layers
 from ragsnap.runtime.prefill import forward_chunk
@@ -35,10 +35,11 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # the layer whose fresh-vs-reused KV deviation ranks tokens (CacheBlend uses the first
 # layer after an attention pass: layer 0's KV depends on the token alone)
 SELECT_LAYER = 1
-# how the recomputed body tokens are chosen: by the question tail's attention
-# (blend_select; the default: lower KL at the same share on the embedded model, see
-# docs/results.md), by layer-SELECT_LAYER KV deviation (CacheBlend), or half by each
-SELECTIONS = ("question", "deviation", "both")
+# how the recomputed body tokens are chosen: by the question tail's attention over every
+# layer or over the first layers only (blend_select; lower KL than deviation at the same
+# share on the embedded model, see docs/results.md), by layer-SELECT_LAYER KV deviation
+# (CacheBlend), or half by the question and half by deviation
+SELECTIONS = ("question", "early-question", "deviation", "both")
 DEFAULT_SELECTION = "question"
 # a question-driven selection always takes each piece's first LEAD_TOKENS body tokens (out
 # of its share): a piece computed alone put an attention sink there, which the assembled
@@ -288,7 +289,9 @@ def blend_prefix(
     that no piece covers is recomputed, and so is the top ``share`` of covered positions
     (all of them when ``share >= 1``), ranked per ``select``: ``"deviation"`` at layer
     ``SELECT_LAYER``, ``"question"`` by the attention ``probe_ids`` (the prompt's tail
-    after the prefix) pay them over the assembled prefix, ``"both"`` half by each.
+    after the prefix) pay them over the assembled prefix (``"early-question"``: in its
+    first layers only), ``"both"`` half by question and half by deviation. The question
+    selections take each piece's leading tokens first (:func:`leading_positions`).
     Without ``probe_ids`` every selection ranks by deviation. ``head``: :func:`head_kv` of
     ``prefix_ids[:head_len]`` when the caller keeps it (one forward pass saved).
     """
@@ -311,12 +314,15 @@ def blend_prefix(
     if count >= len(body):
         chosen[body] = True
     elif count > 0:
-        by_question = {"deviation": 0, "question": count, "both": count // 2}[select]
+        by_question = {"deviation": 0, "both": count // 2}.get(select, count)
         if by_question:
             chosen[leading_positions(pieces, head_len)[:by_question]] = True
             asked_for = by_question - int(chosen.sum())
             if asked_for > 0:
-                asked = question_attention(model, cache_kwarg, layers, probe_ids, redo)
+                probe = (
+                    early_question_attention if select == "early-question" else question_attention
+                )
+                asked = probe(model, cache_kwarg, layers, probe_ids, redo)
                 chosen[_top(asked, body[~chosen[body]], asked_for)] = True
         if by_question < count:
             score = _by_deviation(model, cache_kwarg, prefix_ids, head_layers, layers, head_len)
