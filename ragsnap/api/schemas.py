@@ -255,7 +255,11 @@ class AnswerResponse(BaseModel):
         default=None, description="the quotes back the answer (None: nothing to check)"
     )
     grounded_score: float | None = Field(
-        default=None, ge=0, le=1, description="share of the answer's claims its quotes back"
+        default=None,
+        ge=0,
+        le=1,
+        description="share of the answer's claims its quotes back (with a calibrated "
+        "likelihood rule: its probability)",
     )
     unsupported_sentences: list[list[int]] = Field(
         default_factory=list, description="[start, end] of answer sentences no quote backs"

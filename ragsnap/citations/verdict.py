@@ -31,7 +31,9 @@ Answer = TypeVar("Answer", bound=Judged)
 class Verdict:
     """``score``: the share of the answer's claims in supported sentences (None when the
     answer asserts nothing a document could back); ``grounded``: it reaches the rule's
-    ``grounded_share`` (None with the score); ``unsupported``: the ``[start, end)``
+    ``grounded_share`` (None with the score). Decided again by a likelihood rule
+    (:func:`with_lift`), ``score`` is the rule's probability and ``grounded`` whether it
+    reaches 0.5; ``unsupported``: the ``[start, end)``
     spans of the answer's sentences that are not supported."""
 
     grounded: bool | None
