@@ -200,10 +200,7 @@ def test_a_profile_ships_for_the_embedded_model_and_others_keep_the_lexical_verd
 
 
 def _lift(engine, question: str, quote: str, sentence: str) -> float:
-    prompts = support_prompts(engine.tokenizer, question, [quote], sentence)
-    return float(
-        engine.citing.runtime.likelihood_lift([prompts.given], [prompts.alone], [prompts.target])[0]
-    )
+    return engine.citing.sentence_lift(question, [quote], sentence)
 
 
 def test_on_the_embedded_model_a_quote_makes_what_it_says_likelier(engine):

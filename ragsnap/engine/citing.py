@@ -121,11 +121,16 @@ class AnswerCiting:
             if self.lift_rule.decided(known.share, known.key_supported) is not None:
                 return key, 0.0
         try:
-            prompts = support_prompts(self.tokenizer, question, quotes, key.text)
+            return key, self.sentence_lift(question, quotes, key.text)
         except ValueError:  # nothing left to score once markers are removed
             return key, None
+
+    def sentence_lift(self, question: str, quotes: list[str], sentence: str) -> float:
+        """How much likelier ``quotes`` make ``sentence`` (mean log-prob per token, given
+        them against given no document; raises ``ValueError`` without a quote)."""
+        prompts = support_prompts(self.tokenizer, question, quotes, sentence)
         lift = self.runtime.likelihood_lift([prompts.given], [prompts.alone], [prompts.target])
-        return key, float(lift[0])
+        return float(lift[0])
 
     def kept_map(self, prepared: PreparedAnswer) -> list[DocumentKeptTokens]:
         """Per document, the share of layers and heads that kept each of its tokens."""

@@ -5,7 +5,10 @@ and a ``label`` (``supported`` / ``unsupported``) given by reading them. The pos
 class is ``unsupported``: precision is the share of sentences the checker flags that the
 reader flagged, recall the share of the reader's flags the checker finds.
 
-``python -m ragsnap.eval.claim_labels [PATH]`` prints one JSON object.
+``python -m ragsnap.eval.claim_labels [PATH]`` prints one JSON object; with ``--lift``
+it also loads the embedded model and reports how well the likelihood lift alone
+(:mod:`ragsnap.citations.lift`: the sentence given its quotes against given none) ranks
+the reader's unsupported sentences below the supported ones (AUC, and mean lifts).
 """
 
 from __future__ import annotations
@@ -64,14 +67,45 @@ def score_labels(rows: Iterable[dict[str, object]], rule: SupportRule | None = N
     return LabelScore(n, tp, fp, fn)
 
 
+def lift_ranking(rows: list[dict[str, object]], threads: int = 1) -> dict[str, float]:
+    """The lift of every labelled sentence on the embedded model: the share of
+    (supported, unsupported) pairs the lift orders right (AUC, ties count half) and the
+    mean lift of each label."""
+    from ragsnap.engine.engine import RagSnapEngine
+
+    engine = RagSnapEngine.load(
+        "embedded", device="cpu", dtype="float32", cache_url="none", threads=threads
+    )
+    lifts: dict[bool, list[float]] = {True: [], False: []}
+    for row in rows:
+        quotes = [str(q) for q in row["quotes"]]  # type: ignore[attr-defined]
+        lift = engine.citing.sentence_lift(str(row["question"]), quotes, str(row["sentence"]))
+        lifts[row["label"] == "supported"].append(lift)
+    good, bad = lifts[True], lifts[False]
+    pairs = [(g > b) + 0.5 * (g == b) for g in good for b in bad]
+    return {
+        "auc": round(sum(pairs) / max(len(pairs), 1), 3),
+        "mean_lift_supported": round(sum(good) / max(len(good), 1), 3),
+        "mean_lift_unsupported": round(sum(bad) / max(len(bad), 1), 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     default = Path(__file__).resolve().parents[2] / "tests" / "data" / "claim_support_labels.jsonl"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", nargs="?", type=Path, default=default)
+    parser.add_argument("--lift", action="store_true", help="the likelihood lift's ranking too")
     args = parser.parse_args(argv)
-    s = score_labels(load_labels(args.path))
-    out = {"n": s.n, "precision": round(s.precision, 3), "recall": round(s.recall, 3)}
+    rows = load_labels(args.path)
+    s = score_labels(rows)
+    out: dict[str, object] = {
+        "n": s.n,
+        "precision": round(s.precision, 3),
+        "recall": round(s.recall, 3),
+    }
     out |= {"true_pos": s.true_pos, "false_pos": s.false_pos, "false_neg": s.false_neg}
+    if args.lift:
+        out["lift"] = lift_ranking(rows)
     print(json.dumps(out))
 
 
