@@ -40,7 +40,9 @@ SELECT_LAYER = 1
 # share on the embedded model, see docs/results.md), by layer-SELECT_LAYER KV deviation
 # (CacheBlend), or half by the question and half by deviation
 SELECTIONS = ("question", "early-question", "deviation", "both")
-DEFAULT_SELECTION = "question"
+# early-question: as low a KL as "question" at the same share, for a quarter of the probe
+# (6 held-out HotpotQA/BioASQ items, issue 44; docs/results.md, session 24)
+DEFAULT_SELECTION = "early-question"
 # a question-driven selection always takes each piece's first LEAD_TOKENS body tokens (out
 # of its share): a piece computed alone put an attention sink there, which the assembled
 # prompt must not keep (EPIC, arXiv 2410.15332, recomputes each chunk's first tokens)

@@ -40,7 +40,9 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # assemble when at least this share of the documents comes from the tier (the rest is
 # computed alone on the spot); below it a cold prefill is cheaper than pieces + recompute
 MIN_REUSED_SHARE = 0.5
-DEFAULT_RECOMPUTE_SHARE = 0.15  # CacheBlend's operating point (about 15% of tokens)
+# below CacheBlend's 0.15: with the early-question selection, 0.12 matched 0.15's KL on
+# held-out items for about a fifth less recompute (issue 44; docs/results.md, session 24)
+DEFAULT_RECOMPUTE_SHARE = 0.12
 
 
 class TierOwner(Protocol):

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ragsnap.cache.tiers.documents import DEFAULT_RECOMPUTE_SHARE
 from ragsnap.cli.bench.reuse_items import DEFAULT_TYPES, REUSE_FORMATS
 from ragsnap.cli.options import add_dtype_option
 from ragsnap.cli.progress import loading_model
@@ -74,7 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--docs", type=int, default=8, help="passages per prompt")
     parser.add_argument("--questions", type=int, default=30, help="questions, one per item")
     parser.add_argument("--context", type=int, default=4096, help="prompt length in tokens")
-    parser.add_argument("--shares", default="0,0.15,0.3,1", help="recompute shares to measure")
+    parser.add_argument(
+        "--shares",
+        default=f"0,{DEFAULT_RECOMPUTE_SHARE},0.3,1",
+        help="recompute shares to measure (0: plain concatenation, 1: the cold prefix)",
+    )
     parser.add_argument(
         "--select",
         default=DEFAULT_SELECTION,
