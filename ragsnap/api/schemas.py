@@ -167,8 +167,9 @@ class RetrievalFields(BaseModel):
         default=None,
         description="relevance: the documents by BM25 relevance to the question, the most "
         "relevant last, next to the question; given: as sent (the document prefix, and so "
-        "its cache entry, is then the same for every question); unset: the server's "
-        "document_order setting",
+        "its cache entry, is then the same for every question); stable: by relevance the "
+        "first time the document set is seen, then as that first time (later questions "
+        "meet its cache entry); unset: the server's document_order setting",
     )
 
 

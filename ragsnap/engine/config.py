@@ -142,7 +142,9 @@ class EngineConfig(BaseSettings):
     document_order: DocumentOrder = Field(
         default=DEFAULT_DOCUMENT_ORDER,
         description="relevance: by BM25 relevance to the question, the most relevant last; "
-        "given: as listed (the same document prefix for every question)",
+        "given: as listed (the same document prefix for every question); stable: by "
+        "relevance the first time a document set is seen, then as that first time (its "
+        "prefix entry serves later questions)",
     )
     full_prefill: bool = Field(
         default=False,

@@ -25,7 +25,12 @@ from ragsnap.engine.events import AnswerEvent, CitationsEvent, DoneEvent
 from ragsnap.engine.loading import configured_model, runtime_for
 from ragsnap.engine.prepared import AnswerOptions, PendingAnswer, PreparedAnswer, TextStream
 from ragsnap.engine.single_answer import stream_answer
-from ragsnap.prompt.assembly import ChatContext, DocumentOrder, PromptLayout
+from ragsnap.prompt.assembly import (
+    PROMPT_TEMPLATE_VERSION,
+    ChatContext,
+    DocumentOrder,
+    PromptLayout,
+)
 from ragsnap.prompt.documents import Document
 from ragsnap.prompt.focus import prompt_focus
 from ragsnap.prompt.order import fit_prompt
@@ -159,12 +164,31 @@ class RagSnapEngine:
     # -- the three stages of an answer (the scheduler interleaves them) -----------------
 
     def prompt_of(
-        self, question: str, documents: Sequence[Document], options: AnswerOptions
+        self,
+        question: str,
+        documents: Sequence[Document],
+        options: AnswerOptions,
+        namespace: str = "default",
     ) -> PromptLayout:
-        """The prompt ``options`` ask for (chat context, document order)."""
-        return self.build_prompt(
-            question, documents, options.generation, chat=options.chat, order=options.document_order
+        """The prompt ``options`` ask for (chat context, document order). Under the
+        ``stable`` order a document set the cache tiers recorded is laid out as recorded;
+        one they did not is laid out by relevance, and that layout is recorded."""
+        order = options.document_order
+        recorded = None
+        if order == "stable" and self.tiers is not None:
+            recorded = self.tiers.orders.ordered(documents, PROMPT_TEMPLATE_VERSION, namespace)
+        layout = self.build_prompt(
+            question,
+            documents if recorded is None else recorded,
+            options.generation,
+            chat=options.chat,
+            order=order if recorded is None else "given",
         )
+        if order == "stable" and recorded is None and self.tiers is not None:
+            self.tiers.orders.record(
+                documents, layout.documents, PROMPT_TEMPLATE_VERSION, namespace
+            )
+        return layout
 
     def lookup(
         self,
@@ -176,7 +200,7 @@ class RagSnapEngine:
         """What the store holds for this request, without computing: an exact hit ready to
         decode, a prefix hit to finish, or (nothing usable) the prompt for :meth:`prepare`."""
         started = time.perf_counter()
-        layout = self.prompt_of(question, documents, options)
+        layout = self.prompt_of(question, documents, options, namespace)
         if self.tiers is None:
             return layout
         found, report = self.tiers.lookup(layout, options.press, question, namespace)
@@ -210,7 +234,7 @@ class RagSnapEngine:
         The entries it computed are written after the answer (:meth:`store_pending`)."""
         started = time.perf_counter()
         if layout is None:
-            layout = self.prompt_of(question, documents, options)
+            layout = self.prompt_of(question, documents, options, namespace)
         if self.tiers is None:
             roles = prompt_roles(self.tokenizer, layout)
             focus = prompt_focus(self.tokenizer, layout) if uses_focus(options.press) else None

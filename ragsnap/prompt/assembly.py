@@ -33,9 +33,12 @@ MIN_TRUNCATED_TOKENS = 32
 MAX_CHARS_PER_TOKEN = 32
 # "relevance": the documents that fit, least relevant to the question first, so the most
 # relevant sits next to the question (a small model reads the document nearest it);
-# "given": the caller's order, which keeps the document prefix the same for any question
-DocumentOrder = Literal["relevance", "given"]
-DOCUMENT_ORDERS: tuple[DocumentOrder, ...] = ("relevance", "given")
+# "given": the caller's order, which keeps the document prefix the same for any question;
+# "stable": relevance for the first question over a document set, then the order that
+# question gave the set (recorded in the cache: ragsnap.cache.tiers.orders), so later
+# questions over it find its document prefix
+DocumentOrder = Literal["relevance", "given", "stable"]
+DOCUMENT_ORDERS: tuple[DocumentOrder, ...] = ("relevance", "given", "stable")
 DEFAULT_DOCUMENT_ORDER: DocumentOrder = "relevance"
 
 

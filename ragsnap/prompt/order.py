@@ -2,7 +2,9 @@
 
 By default the documents are laid out by BM25 relevance to the question, the most
 relevant last, next to the question (small models read the nearest document); ``given``
-keeps them as listed. The relevance is BM25 as the retriever computes it.
+keeps them as listed; ``stable`` is relevance the first time a document set is seen and
+that first layout afterwards (the engine replays it from the cache tiers' records). The
+relevance is BM25 as the retriever computes it.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def fit_prompt(
             field="max_new_tokens",
         )
     relevance = None
-    if order == "relevance":
+    if order in ("relevance", "stable"):  # a stable order's first layout is by relevance
         relevance = question_relevance(question, [f"{d.title}\n{d.text}" for d in documents])
     return assemble_prompt(
         tokenizer,

@@ -51,6 +51,7 @@ from ragsnap.cache.serialization import (
 )
 from ragsnap.cache.tiers.documents import DEFAULT_RECOMPUTE_SHARE, DocumentRunner, DocumentTier
 from ragsnap.cache.tiers.hit_memory import HitMemory
+from ragsnap.cache.tiers.orders import RecordedOrders
 from ragsnap.cache.tiers.prefix_memory import Layers, PrefixMemory
 from ragsnap.cache.tiers.unwritten import UnwrittenEntries
 from ragsnap.compression import Press
@@ -168,6 +169,8 @@ class CachedPrefill:
         )
         # document prefixes a query-aware prefill served once (see _compute)
         self.seen_prefixes: OrderedDict[EntryKey, None] = OrderedDict()
+        # the layout each document set was first given (the "stable" document order)
+        self.orders = RecordedOrders(store)
 
     # -- keys -------------------------------------------------------------------------
 

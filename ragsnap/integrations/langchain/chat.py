@@ -113,8 +113,9 @@ class ChatRagSnap(BaseChatModel):
     compression: dict[str, Any] = Field(default_factory=dict)
     document_order: DocumentOrder | None = None
     """``relevance``: the documents by relevance to the question, the most relevant last;
-    ``given``: as retrieved (one document prefix for every question); None: the engine's
-    or the server's default."""
+    ``given``: as retrieved (one document prefix for every question); ``stable``: by
+    relevance the first time a document set is seen, then as that first time; None: the
+    engine's or the server's default."""
     model_name: str | None = Field(default=None, alias="model")
     max_new_tokens: int | None = Field(default=None, ge=1, alias="max_tokens")
     """None: the engine's or the server's default."""
