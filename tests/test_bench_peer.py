@@ -349,17 +349,18 @@ def test_each_timed_run_waits_until_the_servers_stop_computing() -> None:
 def test_capacity_sends_a_fresh_document_set_per_request_in_flight(tiny) -> None:
     """``capacity`` at concurrency c gets max(prompts, c) cold requests of its own;
     ``long_answer`` gets ``prompts``; no document set is shared between scenarios or levels."""
+    from functools import partial
+
     from ragsnap.cli.bench.peer import parse_scenarios
 
-    workload = build_workload(
-        items(12),
-        tiny.tokenizer,
-        levels=[1, 3],
+    build = partial(
+        build_workload,
+        tokenizer=tiny.tokenizer,
         prompts=2,
         context_tokens=0,
         max_prompt_tokens=4000,
-        scenarios=["capacity", "long_answer"],
     )
+    workload = build(items(12), levels=[1, 3], scenarios=["capacity", "long_answer"])
     assert {k: {s: len(r) for s, r in v.items()} for k, v in workload.items()} == {
         1: {"capacity": 2, "long_answer": 2},
         3: {"capacity": 3, "long_answer": 2},
@@ -367,15 +368,7 @@ def test_capacity_sends_a_fresh_document_set_per_request_in_flight(tiny) -> None
     gold = [r.documents[0].id for v in workload.values() for runs in v.values() for r in runs]
     assert len(gold) == len(set(gold)) == 9
     with pytest.raises(ValueError, match="10 items needed"):
-        build_workload(
-            items(9),
-            tiny.tokenizer,
-            levels=[1, 4],
-            prompts=2,
-            context_tokens=0,
-            max_prompt_tokens=4000,
-            scenarios=["cold", "repeated", "capacity"],
-        )
+        build(items(9), levels=[1, 4], scenarios=["cold", "repeated", "capacity"])
     # cold is added only where a scenario reuses it
     assert parse_scenarios("capacity,long_answer") == ["capacity", "long_answer"]
     assert parse_scenarios("new_question") == ["cold", "new_question"]
