@@ -223,11 +223,24 @@ def test_chunked_prefill_through_the_runtime_attention_equals_transformers_sdpa(
         assert torch.allclose(a.keys, b.keys, atol=1e-5)
 
 
-def test_32_rows_of_very_different_lengths_decode_as_alone_in_lanes_of_like_widths() -> None:
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_32_rows_of_very_different_lengths_decode_as_alone_in_lanes_of_like_widths(
+    arch, monkeypatch
+) -> None:
     """Full caches of 600-900 entries beside compressed ones of 24-40: every row decodes
     exactly as alone (float32), and rows sit in lanes whose buffers are padded only to
-    their own lane's widest row, not to the batch's."""
-    engine = tiny_engine("llama")
+    their own lane's widest row, not to the batch's. A Llama decodes every lane in one
+    lean pass; Gemma 3 (no lean pass) one call per lane."""
+    from ragsnap.runtime import decode as decode_module
+
+    engine = tiny_engine(arch)
+    together = []
+    real = decode_module.forward_lanes
+    monkeypatch.setattr(
+        decode_module,
+        "forward_lanes",
+        lambda *a, **k: together.append(len(a[1])) or real(*a, **k),
+    )
     requests = []
     for i in range(32):
         if i % 8 == 3:  # 4 full caches of long prompts
@@ -255,3 +268,5 @@ def test_32_rows_of_very_different_lengths_decode_as_alone_in_lanes_of_like_widt
         pass
     assert [r.tokens for r in rows] == alone
     assert not batch.lanes
+    # lanes decoded together while two were left (the 4 full rows end within 4-8 steps)
+    assert (set(together) == {2}) if arch == "llama" else not together

@@ -1,7 +1,8 @@
 """The decode loop: rows with their own sampler, stop tokens, length and cancellation.
 
 A :class:`DecodeBatch` holds any number of rows (requests) and advances all of them with
-one model call per lane per :meth:`DecodeBatch.step`. Rows join and leave between steps; a
+one model call per :meth:`DecodeBatch.step` (one per lane where attention is recorded or
+the model has no lean pass). Rows join and leave between steps; a
 row's tokens depend only on its own cache and sampler, never on the other rows (up to
 float noise in the batched matmuls). One request decoding alone is a batch of one row.
 
@@ -39,7 +40,7 @@ import torch
 from ragsnap.compression.decode_snapkv import DecodeSnapKV, DecodeVotes
 from ragsnap.runtime.attention import observe_attention
 from ragsnap.runtime.drafts import Drafts
-from ragsnap.runtime.forward import BatchedKV, forward_rows
+from ragsnap.runtime.forward import BatchedKV, forward_lanes, forward_rows
 from ragsnap.runtime.generation import GenerationConfig, TokenSampler
 from ragsnap.runtime.llama_pass import LlamaPass
 from ragsnap.runtime.prefill import PrefillResult
@@ -251,8 +252,22 @@ class DecodeBatch:
         if not self.lanes:
             return outputs
         started = time.perf_counter()
-        for lane in self.lanes:
-            self._advance(lane, outputs)
+        rows = len(self)
+        plans = [(lane, self._drafts(lane.rows, rows)) for lane in self.lanes]
+        voting = any(row.votes is not None for row in self.rows)
+        if self.lean is not None and len(plans) > 1 and not voting:
+            # one pass for every lane: the linears read their weights once
+            everything = forward_lanes(
+                self.lean,
+                [lane.kv for lane, _ in plans],
+                [self._fed(lane, drafts) for lane, drafts in plans],
+                last=not any(d for _, drafts in plans for d in drafts),
+            )
+            for (lane, drafts), logits in zip(plans, everything, strict=True):
+                self._take(lane, drafts, logits, outputs)
+        else:
+            for lane, drafts in plans:
+                self._take(lane, drafts, self._forward(lane, drafts), outputs)
         self.last_step_s = time.perf_counter() - started
         for row in self.rows:  # a step's latency is every row's: they wait for each lane
             row.decode_s += self.last_step_s
@@ -260,29 +275,42 @@ class DecodeBatch:
         self._retire()
         return outputs
 
-    def _advance(self, lane: Lane, outputs: list[StepOutput]) -> None:
-        """One model call for ``lane``'s rows (each fed its token and draft), then keep what
-        it confirms."""
-        committed = [row.committing for row in lane.rows]  # the rest of each is fed now
-        drafts = self._drafts(lane.rows)
+    @staticmethod
+    def _fed(lane: Lane, drafts: list[list[int]]) -> list[list[int]]:
+        """What each row of ``lane`` is fed this step: its last token, then its draft."""
+        return [[row.tokens[-1], *draft] for row, draft in zip(lane.rows, drafts, strict=True)]
+
+    def _forward(self, lane: Lane, drafts: list[list[int]]) -> torch.Tensor:
+        """One model call for ``lane``'s rows, recording the attention of its voting rows."""
         voting = [(r, row.votes) for r, row in enumerate(lane.rows) if row.votes is not None]
         with observe_attention(self._recorder(lane.kv, voting)) if voting else nullcontext():
             logits = forward_rows(
                 self.model,
                 self.cache_kwarg,
                 lane.kv,
-                [[row.tokens[-1], *draft] for row, draft in zip(lane.rows, drafts, strict=True)],
+                self._fed(lane, drafts),
                 last=not any(drafts),
                 lean=None if voting else self.lean,
             )
         self._reselect(lane.kv, voting)
+        return logits
+
+    def _take(
+        self,
+        lane: Lane,
+        drafts: list[list[int]],
+        logits: torch.Tensor,
+        outputs: list[StepOutput],
+    ) -> None:
+        """Keep what ``logits`` (``[B, V]``, or ``[B, q, V]`` after drafts) confirm of each
+        row's committed or drafted tokens; the rest leaves the cache."""
         if logits.is_cuda:
             torch.cuda.synchronize(logits.device)
         for r, (row, draft) in enumerate(zip(lane.rows, drafts, strict=True)):
             if logits.dim() == 2:
                 row.next_logits = logits[r : r + 1]
                 continue
-            if committed[r]:
+            if row.committing:  # its draft is the rest of its commit: fed, not checked
                 kept = self._keep(row, draft, outputs)
             else:
                 kept = self._verify(row, draft, logits[r], outputs)
@@ -314,11 +342,11 @@ class DecodeBatch:
                 lane.rows = [lane.rows[i] for i in going]
         self.lanes = [lane for lane in self.lanes if lane.rows]
 
-    def _drafts(self, rows: list[DecodeRow]) -> list[list[int]]:
-        """Per row of one pass, the tokens it feeds after its next one (none for a row that
-        does not speculate, and for every row while some row's attention is recorded: one
-        query per row then)."""
-        most = min(self.speculate, DRAFT_PASS_TOKENS // len(rows) - 1)
+    def _drafts(self, rows: list[DecodeRow], passing: int) -> list[list[int]]:
+        """Per row of ``rows``, the tokens it feeds after its next one in a step of
+        ``passing`` rows (none for a row that does not speculate, and for every row while
+        some row's attention is recorded: one query per row then)."""
+        most = min(self.speculate, DRAFT_PASS_TOKENS // passing - 1)
         if any(row.votes is not None for row in rows):
             return [[] for _ in rows]
         out = []

@@ -351,3 +351,42 @@ def forward_rows(
         return logits[:, -1]
     index = torch.tensor(counts, device=logits.device) - 1
     return logits[torch.arange(len(counts), device=logits.device), index]
+
+
+@torch.inference_mode()
+def forward_lanes(
+    lean: LlamaPass,
+    batches: Sequence[BatchedKV],
+    tokens: Sequence[Sequence[Sequence[int]]],
+    *,
+    last: bool,
+) -> list[torch.Tensor]:
+    """:func:`forward_rows` of several batches in one lean pass (``tokens[j][r]`` for row
+    ``r`` of batch ``j``): the linears read their weights once for every row, each batch
+    attends over its own buffers. Returns, per batch, what :func:`forward_rows` would."""
+    counts = [[len(t) for t in rows] for rows in tokens]
+    if any(len(c) != b.rows or min(c, default=0) < 1 for c, b in zip(counts, batches, strict=True)):
+        raise ValueError("every row needs at least one new token")
+    q_len = max(n for c in counts for n in c)
+    device = batches[0].keys[0].device
+    flat = [list(t) + [t[-1]] * (q_len - len(t)) for rows in tokens for t in rows]
+    ids = torch.tensor(flat, device=device)
+    positions = torch.cat([b.positions.unsqueeze(1) + torch.arange(q_len) for b in batches])
+    equal = len({n for c in counts for n in c}) == 1
+    for batch in batches:
+        batch.make_room(q_len)
+    lanes = [(batch, batch.masks(q_len)) for batch in batches]
+    logits = lean.lanes(lanes, ids, positions.to(device), last_only=last and equal)
+    out, start = [], 0
+    for batch, c in zip(batches, counts, strict=True):
+        part = logits[start : start + len(c)]
+        start += len(c)
+        batch.advance(c)
+        if not last:
+            out.append(part)
+        elif equal:
+            out.append(part[:, -1])
+        else:
+            index = torch.tensor(c, device=part.device) - 1
+            out.append(part[torch.arange(len(c), device=part.device), index])
+    return out

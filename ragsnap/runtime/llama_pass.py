@@ -20,7 +20,7 @@ to float rounding (tests/test_llama_pass.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -57,7 +57,6 @@ class LlamaPass:
         self.head_dim = int(attention.head_dim)
         self.scaling = float(attention.scaling)
 
-    @torch.inference_mode()
     def __call__(
         self,
         batch: Any,
@@ -73,9 +72,27 @@ class LlamaPass:
         logits ``[B, 1, V]`` for the last position when ``last_only``, else ``[B, q, V]``.
         Advancing the rows' lengths is the caller's.
         """
+        return self.lanes([(batch, masks)], ids, positions, last_only)
+
+    @torch.inference_mode()
+    def lanes(
+        self,
+        lanes: Sequence[tuple[Any, Mapping[int, StepMask]]],
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        last_only: bool,
+    ) -> torch.Tensor:
+        """:meth:`__call__` over several batches at once: ``ids`` and ``positions`` hold
+        their rows one batch after the other (``[B_1 + B_2 + ..., q]``); the linears run
+        once over every row, and each batch's rows attend over its own buffers with its own
+        masks. Returns the logits of every row, in that order."""
         inner = self.model.model
         b, q_len = ids.shape
         d = self.head_dim
+        bounds, start = [], 0
+        for batch, _ in lanes:
+            bounds.append((start, start + batch.rows))
+            start += batch.rows
         hidden = inner.embed_tokens(ids)  # [B, q, H]
         cos, sin = inner.rotary_emb(hidden, positions)  # [B, q, D]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, q, D]
@@ -87,17 +104,22 @@ class LlamaPass:
             value = attention.v_proj(x).view(b, q_len, -1, d).transpose(1, 2)
             query = query * cos + _rotate_half(query) * sin
             key = key * cos + _rotate_half(key) * sin
-            batch.write(i, key, value)
-            mask = masks[i]
-            end = mask.mask.shape[-1]
-            out = masked_sdpa(
-                query,
-                batch.keys[i][:, :, :end],
-                batch.values[i][:, :, :end],
-                mask.mask,
-                self.scaling,
-                mask.widths,
-            )  # [B, q, Hq, D]
+            outs = []
+            for (batch, masks), (first, end) in zip(lanes, bounds, strict=True):
+                batch.write(i, key[first:end], value[first:end])
+                mask = masks[i]
+                width = mask.mask.shape[-1]
+                outs.append(
+                    masked_sdpa(
+                        query[first:end],
+                        batch.keys[i][:, :, :width],
+                        batch.values[i][:, :, :width],
+                        mask.mask,
+                        self.scaling,
+                        mask.widths,
+                    )
+                )  # [B_lane, q, Hq, D]
+            out = outs[0] if len(outs) == 1 else torch.cat(outs)
             hidden = hidden + attention.o_proj(out.view(b, q_len, -1))
             x = _rms_norm(hidden, layer.post_attention_layernorm)
             hidden = hidden + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
