@@ -20,7 +20,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -42,7 +42,7 @@ SELECT_LAYER = 1
 SELECTIONS = ("question", "early-question", "deviation", "both")
 # early-question: as low a KL as "question" at the same share, for a quarter of the probe
 # (6 held-out HotpotQA/BioASQ items, issue 44; docs/results.md, session 24)
-DEFAULT_SELECTION = "early-question"
+DEFAULT_SELECTION: Final = "early-question"
 # a question-driven selection always takes each piece's first LEAD_TOKENS body tokens (out
 # of its share): a piece computed alone put an attention sink there, which the assembled
 # prompt must not keep (EPIC, arXiv 2410.15332, recomputes each chunk's first tokens)
