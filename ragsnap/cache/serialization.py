@@ -139,7 +139,8 @@ def _check_layers(
         if k.dtype != storage or v.dtype != storage:
             raise StaleEntry(f"layer {i} is {k.dtype}/{v.dtype}, the entry says {storage}")
         if storage == torch.int8:
-            _check_scales(tensors, f"k.{i}", k), _check_scales(tensors, f"v.{i}", v)
+            _check_scales(tensors, f"k.{i}", k)
+            _check_scales(tensors, f"v.{i}", v)
         if k.dim() != 4 or k.shape[0] != 1 or k.shape[:3] != v.shape[:3]:
             raise StaleEntry(f"layer {i} has shapes {tuple(k.shape)} / {tuple(v.shape)}")
         if length is not None and k.shape[2] != length:

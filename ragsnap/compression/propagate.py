@@ -134,7 +134,7 @@ def without_propagation(press: Press) -> Press:
     base = getattr(press, "base", None)
     if base is None or propagation_of(base) is None:
         return press
-    return dataclasses.replace(press, base=without_propagation(base))  # type: ignore[call-arg]
+    return dataclasses.replace(press, base=without_propagation(base))  # type: ignore[call-arg,type-var]
 
 
 def voting_parameters(press: Press) -> tuple[int, int, str]:
@@ -163,7 +163,7 @@ def budget_need(press: Press, length: int) -> int:
         return 0
     if current.budget is not None:
         return int(current.budget)
-    return max(int(current.window), math.ceil(current.ratio * length))
+    return max(int(current.window), math.ceil((current.ratio or 0.0) * length))
 
 
 def _fingerprint(text_config: Any) -> str:

@@ -14,7 +14,7 @@ import math
 import types
 import typing
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from pydantic_settings import BaseSettings
 
@@ -115,11 +115,19 @@ def given_fields(
     }
 
 
+@overload
+def config_from_args(args: argparse.Namespace, **given: Any) -> EngineConfig: ...
+
+
+@overload
+def config_from_args(args: argparse.Namespace, config: type[Config], **given: Any) -> Config: ...
+
+
 def config_from_args(
     args: argparse.Namespace,
-    config: type[Config] = EngineConfig,  # type: ignore[assignment]
+    config: type[BaseSettings] = EngineConfig,
     **given: Any,
-) -> Config:
+) -> BaseSettings:
     """``config`` from the flags given in ``args`` (then ``given``, then ``RAGSNAP_*``); a
     bad flag value is a :class:`ConfigError` naming the flag."""
     flags = given_fields(args, config)

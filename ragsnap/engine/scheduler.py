@@ -174,7 +174,7 @@ class Scheduler:
         self._parked_since = 0.0
         self._last_submit = 0.0
         # misses looked up between chunks but too long to go first: id(request) -> layout
-        self._deferred: dict[int, PromptLayout] = {}
+        self._deferred: dict[int, PreparedAnswer | PendingAnswer | PromptLayout] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Protocol
 
 from ragsnap.engine.events import AnswerEvent, CitationsEvent, DoneEvent, TokenEvent
@@ -72,7 +72,7 @@ def _decode(
     options: AnswerOptions,
     should_stop: Callable[[], bool] | None,
     namespace: str,
-) -> Iterator[AnswerEvent]:
+) -> Generator[AnswerEvent, None, None]:
     prepared = engine.prepare(question, documents, options, namespace)
     yield prepared.meta()
     batch = engine.runtime.decode_batch()

@@ -144,6 +144,7 @@ class LayerSplit:
         if not self._running or self._vote_args is None:
             return
         cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        assert cache is not None, "the lower pass runs with a cache"
         hidden_states = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         layer_cache = cache.layers[self.layer - 1]
         context = LayerContext(
