@@ -9,8 +9,8 @@ the accuracy ``abstain`` would keep, and the check's time against the answer's. 
 also holds the lexical verdict alone and the likelihood features
 (:mod:`ragsnap.citations.lift`), so a rule can be calibrated on the rows of held-out
 items (``--skip 50``: items 51-100; ``ragsnap.eval.grounding_calibrate``).
-``--instruction plain`` drops the system instruction's last sentence (say so when the
-documents do not answer) for the abstention-prompt experiment.
+``--instruction abstain`` adds the sentence the shipped instruction dropped (say so when
+the documents do not answer) for the abstention-prompt experiment.
 """
 
 from __future__ import annotations
@@ -42,8 +42,12 @@ _SAYS_NO_ANSWER = re.compile(
     r"|\b(?:not\s+(?:mentioned|provided|specified|stated|given)|no\s+(?:information|mention))\b",
     re.IGNORECASE,
 )
-# the system instruction without its sentence about answers the documents lack
-PLAIN_INSTRUCTION = assembly.SYSTEM_INSTRUCTION.rsplit(" If the documents", 1)[0]
+# the abstention-prompt experiment (issue 43): the instruction as it was before session 24,
+# with its sentence about answers the documents lack (the shipped one no longer has it)
+ABSTAIN_INSTRUCTION = (
+    assembly.SYSTEM_INSTRUCTION
+    + " If the documents do not contain the answer, say that they do not."
+)
 
 
 def says_no_answer(answer: str) -> bool:
@@ -194,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=50, help="items per set")
     parser.add_argument("--skip", type=int, default=0, help="leave out the first items")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--instruction", choices=("shipped", "plain"), default="shipped")
+    parser.add_argument("--instruction", choices=("shipped", "abstain"), default="shipped")
     parser.add_argument("--budget", type=int, default=256)
     parser.add_argument("--context-tokens", type=int, default=2000, help="BioASQ padding")
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -218,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     usable = [i for i in loaded.items if i.answers and i.gold_doc_ids]
     items = usable[args.skip : args.skip + args.n]
     pool = [d for i in loaded.items for d in i.documents]
-    system = assembly.SYSTEM_INSTRUCTION if args.instruction == "shipped" else PLAIN_INSTRUCTION
+    system = assembly.SYSTEM_INSTRUCTION if args.instruction == "shipped" else ABSTAIN_INSTRUCTION
     with system_instruction(system):
         answerable = run_items(engine, items, args.budget, args.max_new_tokens)
         missing = [without_gold(i, pool, count) for i in items]
