@@ -40,8 +40,10 @@ SELECT_LAYER = 1
 # share on the embedded model, see docs/results.md), by layer-SELECT_LAYER KV deviation
 # (CacheBlend), or half by the question and half by deviation
 SELECTIONS = ("question", "early-question", "deviation", "both")
-# early-question: as low a KL as "question" at the same share, for a quarter of the probe
-# (6 held-out HotpotQA/BioASQ items, issue 44; docs/results.md, session 24)
+# early-question: as low a KL as "question" at the same share on 6 held-out items, for a
+# quarter of the probe, and the first token >= 2.5x cold at n = 100 (issue 44); on 24
+# evaluated items "question" had the lower KL: to settle on more held-out items
+# (docs/results.md, session 24)
 DEFAULT_SELECTION: Final = "early-question"
 # a question-driven selection always takes each piece's first LEAD_TOKENS body tokens (out
 # of its share): a piece computed alone put an attention sink there, which the assembled
