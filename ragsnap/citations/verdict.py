@@ -96,12 +96,12 @@ def judge(
     verdict = grounding(done.answer, done.citations, options.support)
     if rule is not None and key_lift is not None:
         verdict = with_lift(verdict, *key_lift, rule)
-    done = replace(
+    done = replace(  # type: ignore[type-var]  # a DoneEvent: a dataclass
         done,
         grounded=verdict.grounded,
         grounded_score=verdict.score,
         unsupported_sentences=[list(span) for span in verdict.unsupported],
     )
     if options.unsupported == "abstain" and verdict.grounded is False:
-        done = replace(done, answer=options.abstain_text, model_answer=done.answer)
+        done = replace(done, answer=options.abstain_text, model_answer=done.answer)  # type: ignore[type-var]
     return done
