@@ -40,8 +40,9 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # assemble when at least this share of the documents comes from the tier (the rest is
 # computed alone on the spot); below it a cold prefill is cheaper than pieces + recompute
 MIN_REUSED_SHARE = 0.5
-# below CacheBlend's 0.15: with the early-question selection, 0.12 matched 0.15's KL on
-# held-out items for about a fifth less recompute (issue 44; docs/results.md, session 24)
+# below CacheBlend's 0.15: the smallest share whose first token stayed >= 2.5x cold with
+# the question selection (2.55x; 0.15 gave 2.34x) on held-out and evaluated items (issue 44;
+# docs/results.md, session 24)
 DEFAULT_RECOMPUTE_SHARE = 0.12
 
 
