@@ -440,3 +440,16 @@ def test_capacity_and_long_answer_runs_against_ragsnap_and_a_stub_peer(
     assert runs["capacity"]["ragsnap"]["peak_memory_mib"] is None
     assert runs["capacity"]["ratio"]["peak_memory"] is None
     assert len(seen) == 1 + 3 + 1
+
+
+def test_ragsnap_serve_admits_as_many_documents_as_the_workload_sends(monkeypatch) -> None:
+    """Padded BioASQ prompts hold dozens of snippets: the bench's server takes them all
+    instead of answering 413 (the default limit is 32)."""
+    from ragsnap.api.settings import Settings
+    from ragsnap.cli.bench.peer_servers import ragsnap_env
+
+    monkeypatch.delenv("RAGSNAP_MAX_DOCUMENTS", raising=False)
+    assert "RAGSNAP_MAX_DOCUMENTS" not in ragsnap_env(1)
+    assert Settings().max_documents == 32
+    monkeypatch.setenv("RAGSNAP_MAX_DOCUMENTS", ragsnap_env(1, 41)["RAGSNAP_MAX_DOCUMENTS"])
+    assert Settings().max_documents == 41

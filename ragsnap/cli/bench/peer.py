@@ -226,6 +226,9 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(source, Path) and converted_weights.is_complete(source):
             source = export_for_vllm(args, source)
         largest = max(len(r) for runs in workload.values() for r in runs.values())
+        args.max_documents = max(
+            len(q.documents) for runs in workload.values() for r in runs.values() for q in r
+        )
         urls, groups = start_servers(args, stack, source, max(*levels, largest), logs)
         report = measure(args, urls, workload, scenarios, levels, stop_ids, warmup, groups)
     report["setup"] = setup_facts(args, source, workload)
@@ -294,7 +297,7 @@ def start_servers(
                     args.kv_gib,
                     max_seqs,
                 ),
-                servers.ragsnap_env(args.server_threads),
+                servers.ragsnap_env(args.server_threads, args.max_documents),
                 f"http://127.0.0.1:{port}/readyz",
                 logs / "ragsnap.log",
                 args.startup_timeout,

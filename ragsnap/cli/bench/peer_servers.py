@@ -346,9 +346,13 @@ def ragsnap_argv(
     ]
 
 
-def ragsnap_env(threads: int) -> dict[str, str]:
+def ragsnap_env(threads: int, max_documents: int | None = None) -> dict[str, str]:
+    """``ragsnap serve``'s environment: its threads, this source tree, and room for the
+    workload's documents per request (padded BioASQ prompts hold dozens of snippets)."""
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)
+    if max_documents is not None:
+        env["RAGSNAP_MAX_DOCUMENTS"] = str(max_documents)
     root = str(Path(__file__).resolve().parents[3])  # the source tree this bench runs from
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env
