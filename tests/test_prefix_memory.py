@@ -53,3 +53,17 @@ def test_a_zero_budget_keeps_nothing_and_a_negative_one_is_refused():
     assert not memory.put("a", layers(1)) and memory.get("a") is None
     with pytest.raises(ValueError, match="max_bytes"):
         PrefixMemory(-1)
+
+
+def test_a_smaller_bound_evicts_the_least_recently_used_down_to_it():
+    one = layers_nbytes(layers(8))
+    memory = PrefixMemory(3 * one)
+    for name in "abc":
+        memory.put(name, layers(8))
+    memory.get("a")  # b, then c, are the oldest
+    memory.resize(one + one // 2)
+    assert [memory.get(n) is not None for n in "abc"] == [True, False, False]
+    assert memory.nbytes == one and memory.max_bytes == one + one // 2
+    assert not memory.put("large", layers(16))  # over the new bound
+    with pytest.raises(ValueError, match="max_bytes"):
+        memory.resize(-1)

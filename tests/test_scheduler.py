@@ -471,3 +471,63 @@ def test_admission_by_kv_memory_bounds_what_runs_and_refuses_what_never_fits(eng
     assert max(used for used, _ in seen) <= budget < max(used for used, _ in free_seen)
     assert max(rows for _, rows in seen) < max(rows for _, rows in free_seen)  # memory bound it
     assert [r.done.answer for r in bounded[:-1]] == [r.done.answer for r in free]
+
+
+def test_the_in_memory_tiers_live_inside_the_kv_memory(engine_tiny, tmp_path):
+    from ragsnap.cache import open_store
+    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.engine.scheduler import TIER_SHARE
+
+    def engine_on(folder):
+        engine = RagSnapEngine(engine_tiny.loaded, store=open_store(f"file://{folder}"))
+        engine.runtime.stop_ids.clear()
+        return engine
+
+    free_engine = engine_on(tmp_path / "free")
+    tiers = free_engine.tiers
+    bounds = [tier.max_bytes for tier in (tiers.memory, tiers.unwritten, tiers.hits)]
+    free = Scheduler(free_engine)
+    assert free.tier_memory_bytes == 0 and free.request_memory_bytes is None
+    assert [t.max_bytes for t in (tiers.memory, tiers.unwritten, tiers.hits)] == bounds
+
+    probe = Scheduler(engine_tiny)
+    needs = [
+        probe.kv_need(r, engine_tiny.lookup(r.question, r.documents, r.options, "default"))
+        for r in requests_for_tiny_engine()
+    ]
+    budget = 8 * max(needs)  # the tiers' quarter holds a few prefixes and entries
+    engine = engine_on(tmp_path / "bounded")
+    scheduler = Scheduler(engine, max_batch=8, step_tokens=48, idle_chunk=32, kv_memory_bytes=budget)
+    tiers = engine.tiers
+    cut = [tier.max_bytes for tier in (tiers.memory, tiers.unwritten, tiers.hits)]
+    assert scheduler.tier_memory_bytes == sum(cut) <= TIER_SHARE * budget
+    assert scheduler.request_memory_bytes == budget - sum(cut)
+    # each tier cut in proportion to its own bound
+    assert [c * sum(bounds) // sum(cut) for c in cut] == pytest.approx(bounds, rel=1e-3)
+
+    held: list[tuple[int, int]] = []  # (requests' KV, tiers') at every decode step
+    step = scheduler.batch.step
+
+    def recording():
+        held.append((scheduler.kv_bytes_in_use(), scheduler.tier_bytes_in_use()))
+        return step()
+
+    scheduler.batch.step = recording  # type: ignore[method-assign]
+    scheduler.start()
+    rounds = []
+    for _ in range(2):  # the second round is served from the tiers
+        requests = requests_for_tiny_engine()
+        for r in requests:
+            scheduler.submit(r)
+        for r in requests:
+            assert r.closed.wait(60)
+        rounds.append(requests)
+    scheduler.stop()
+    assert max(requests for requests, _ in held) <= scheduler.request_memory_bytes
+    assert 0 < max(tier for _, tier in held) <= scheduler.tier_memory_bytes  # used, within
+    assert max(requests + tier for requests, tier in held) <= budget
+    assert [r.done.answer for r in rounds[1]] == [r.done.answer for r in rounds[0]]
+    def cache(request):
+        return next(e.cache for e in request.events if isinstance(e, MetaEvent))
+
+    assert {cache(r) for r in rounds[0]} == {"miss"} and "hit" in {cache(r) for r in rounds[1]}

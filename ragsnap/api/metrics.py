@@ -46,6 +46,12 @@ class ServiceMetrics:
         self.kv_limit = Gauge(
             "ragsnap_kv_memory_bytes", "the KV memory bound (0: none)", registry=r
         )
+        self.tier_memory = Gauge(
+            "ragsnap_tier_memory_bytes",
+            "KV held by this process's in-memory cache tiers (document prefixes, unwritten "
+            "and loaded entries; inside the KV memory bound when there is one)",
+            registry=r,
+        )
         self.store_writes = Gauge(
             "ragsnap_store_writes_pending",
             "answered requests whose cache entries are not yet written to the store",
@@ -175,11 +181,14 @@ class ServiceMetrics:
         writes: Callable[[], float] | None = None,
         kv_in_use: Callable[[], float] | None = None,
         kv_limit: int | None = None,
+        tier_memory: Callable[[], float] | None = None,
     ) -> None:
         self.queue_depth.set_function(depth)
         self.worker_busy.set_function(busy)
         if kv_in_use is not None:
             self.kv_in_use.set_function(kv_in_use)
+        if tier_memory is not None:
+            self.tier_memory.set_function(tier_memory)
         self.kv_limit.set(kv_limit or 0)
         if writes is not None:
             self.store_writes.set_function(writes)

@@ -95,9 +95,11 @@ class Settings(EngineConfig):
         gt=0,
         le=1 << 20,
         allow_inf_nan=False,
-        description="GiB of KV memory the running requests may hold (compressed caches with "
-        "room for their new tokens, a prefilling prompt's full KV); requests that do not fit "
-        "wait, one larger than all of it is refused (413). Unset: admission by max_batch only",
+        description="GiB of KV memory this process holds: the running requests' (compressed "
+        "caches with room for their new tokens, a prefilling prompt's full KV) and its "
+        "in-memory cache tiers' (cut to a quarter of it at most); requests that do not fit "
+        "wait, one larger than the requests' part is refused (413). Unset: admission by "
+        "max_batch only",
     )
     header_timeout_s: float = Field(
         default=10.0,

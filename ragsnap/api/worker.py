@@ -226,6 +226,7 @@ class EngineWorker:
             lambda: float(self.scheduler.pending_writes),
             lambda: float(self.scheduler.kv_bytes_in_use()),
             kv_memory_bytes,
+            lambda: float(self.scheduler.tier_bytes_in_use()),
         )
 
     # -- lifecycle -----------------------------------------------------------------

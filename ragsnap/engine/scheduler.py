@@ -57,6 +57,12 @@ from ragsnap.runtime.threads import one_torch_thread, torch_threads
 
 logger = logging.getLogger(__name__)
 
+# the most of --kv-memory-gib the engine's in-memory tiers (document prefixes, unwritten and
+# loaded entries) may hold, cut from their own bounds in proportion; the running requests
+# hold the rest, so the process's KV memory stays within the bound, as vLLM's prefix
+# cache lives inside its KV cache space
+TIER_SHARE = 0.25
+
 
 # prefill chunk while no row decodes: no stream's token gap to protect
 IDLE_CHUNK = 1024
@@ -132,8 +138,10 @@ class Scheduler:
         """``prefill_threads`` and ``decode_threads``: torch threads while a prompt prefills
         and while rows decode (None: those of the thread creating the scheduler; see
         ``runtime.threads``). ``gather_s``: the quiet time a prefix hit waits for
-        companions (0: none). ``kv_memory_bytes``: admission by KV memory (see
-        :meth:`kv_need`); None: by ``max_batch`` alone."""
+        companions (0: none). ``kv_memory_bytes``: the KV memory of this process, shared
+        by the running requests (admission, see :meth:`kv_need`) and the engine's in-memory
+        tiers, which are cut to ``TIER_SHARE`` of it at most; None: admission by
+        ``max_batch`` alone, the tiers at their own bounds."""
         if max_batch < 1 or step_tokens < 1 or idle_chunk < 1:
             raise ValueError("max_batch, step_tokens and idle_chunk must be at least 1")
         if gather_s < 0:
@@ -151,6 +159,10 @@ class Scheduler:
         self.idle_chunk = idle_chunk
         self.gather_s = gather_s
         self.kv_memory_bytes = kv_memory_bytes
+        # the in-memory tiers' part of it; the running requests hold at most the rest
+        self.tier_memory_bytes = 0
+        if kv_memory_bytes is not None and engine.tiers is not None:
+            self.tier_memory_bytes = engine.tiers.fit_memory(int(kv_memory_bytes * TIER_SHARE))
         self.kv_bytes_per_token = engine.runtime.kv_bytes_per_token()
         self._prefill_kv: list[int] = []  # KV bytes of the prompts prefilling now
         self.batch = engine.runtime.decode_batch()
@@ -444,16 +456,25 @@ class Scheduler:
         parked = sum(self.kv_need(request, pending) for request, pending in list(self._parked))
         return rows + parked + sum(self._prefill_kv)
 
+    def tier_bytes_in_use(self) -> int:
+        """Bytes the engine's in-memory tiers hold (document prefixes, entries)."""
+        return 0 if self.engine.tiers is None else self.engine.tiers.memory_bytes
+
+    @property
+    def request_memory_bytes(self) -> int | None:
+        """The KV memory running requests may hold: the whole less the tiers' part."""
+        if self.kv_memory_bytes is None:
+            return None
+        return self.kv_memory_bytes - self.tier_memory_bytes
+
     def _head_fits(self) -> bool:
         """Whether the first waiting request fits the KV memory left (a request not looked
         up yet is let through: its lookup tells what it needs)."""
-        if self.kv_memory_bytes is None:
-            return True
+        limit = self.request_memory_bytes
         found = self._deferred.get(id(self._waiting[0]))
-        if found is None:
+        if limit is None or found is None:
             return True
-        need = self.kv_need(self._waiting[0], found)
-        return self.kv_bytes_in_use() + need <= self.kv_memory_bytes
+        return self.kv_bytes_in_use() + self.kv_need(self._waiting[0], found) <= limit
 
     def _memory_allows(
         self, request: Request, found: PreparedAnswer | PendingAnswer | PromptLayout
@@ -461,19 +482,25 @@ class Scheduler:
         """True: admit; False: wait for memory; None: refused (more than the whole budget)."""
         if self.kv_memory_bytes is None:
             return True
+        limit = self.kv_memory_bytes - self.tier_memory_bytes
         need = self.kv_need(request, found)
-        if need > self.kv_memory_bytes:
+        if need > limit:
+            cached = (
+                f" less the {self.tier_memory_bytes / 2**30:.3f} GiB its in-memory caches hold"
+                if self.tier_memory_bytes
+                else ""
+            )
             request.fail(
                 KVMemoryError(
                     f"this request needs {need / 2**30:.3f} GiB of KV memory, more than the "
-                    f"server's whole KV memory of {self.kv_memory_bytes / 2**30:.3f} GiB "
-                    "(--kv-memory-gib, RAGSNAP_KV_MEMORY_GIB): send fewer or shorter "
-                    "documents, or ask for fewer max_new_tokens",
+                    f"server's whole KV memory of {self.kv_memory_bytes / 2**30:.3f} GiB"
+                    f"{cached} (--kv-memory-gib, RAGSNAP_KV_MEMORY_GIB): send fewer or "
+                    "shorter documents, or ask for fewer max_new_tokens",
                     field="documents",
                 )
             )
             return None
-        return self.kv_bytes_in_use() + need <= self.kv_memory_bytes
+        return self.kv_bytes_in_use() + need <= limit
 
     def _shorter_first(self, left: list[int]) -> None:
         """Between two chunks of a prefill with ``left = [tokens to go, tokens it may still

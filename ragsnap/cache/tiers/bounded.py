@@ -31,6 +31,19 @@ class BoundedMap(Generic[Value]):
     def nbytes(self) -> int:
         return self._bytes
 
+    def resize(self, max_bytes: int) -> None:
+        """Hold at most ``max_bytes`` from now on (the entries past it go as the subclass
+        decides: see :meth:`_shrink`)."""
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        with self._lock:
+            self.max_bytes = max_bytes
+            self._shrink()
+
+    def _shrink(self) -> None:
+        """Called under the lock once ``max_bytes`` fell: by default the entries stay until
+        they leave on their own (see :class:`LruMap` for eviction)."""
+
 
 class LruMap(BoundedMap[Value]):
     """A thread-safe LRU: past ``max_bytes``, the least recently used entries go; 0 keeps
@@ -52,16 +65,23 @@ class LruMap(BoundedMap[Value]):
         """Keep ``value`` under ``key`` (evicting the least recently used); False when it
         alone exceeds the budget."""
         size = self.size_of(value)
-        if size > self.max_bytes:
-            return False
         with self._lock:
+            if size > self.max_bytes:
+                return False
             self._discard(key)
-            while self._entries and self._bytes + size > self.max_bytes:
-                _, evicted = self._entries.popitem(last=False)
-                self._bytes -= self.size_of(evicted)
+            self._evict_until(self.max_bytes - size)
             self._entries[key] = value
             self._bytes += size
         return True
+
+    def _shrink(self) -> None:
+        self._evict_until(self.max_bytes)
+
+    def _evict_until(self, held: int) -> None:
+        """Evict the least recently used entries until at most ``held`` bytes remain."""
+        while self._entries and self._bytes > held:
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= self.size_of(evicted)
 
     def discard(self, key: Hashable) -> None:
         with self._lock:

@@ -172,6 +172,27 @@ class CachedPrefill:
         # the layout each document set was first given (the "stable" document order)
         self.orders = RecordedOrders(store)
 
+    # -- memory -----------------------------------------------------------------------
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes the in-memory tiers hold now (prefixes, unwritten and loaded entries)."""
+        return sum(tier.nbytes for tier in self._memory_tiers)
+
+    def fit_memory(self, max_bytes: int) -> int:
+        """Bound the in-memory tiers to ``max_bytes`` together, each cut in proportion to
+        its own bound when they exceed it; returns their bound together."""
+        tiers = self._memory_tiers
+        total = sum(tier.max_bytes for tier in tiers)
+        if total > max_bytes:
+            for tier in tiers:
+                tier.resize(tier.max_bytes * max_bytes // total)
+        return sum(tier.max_bytes for tier in tiers)
+
+    @property
+    def _memory_tiers(self) -> tuple[PrefixMemory, UnwrittenEntries, HitMemory]:
+        return (self.memory, self.unwritten, self.hits)
+
     # -- keys -------------------------------------------------------------------------
 
     def model_identity(self) -> dict[str, str]:
