@@ -34,52 +34,95 @@ from ragsnap.errors import ConfigError
 
 @dataclass(frozen=True)
 class LiftRule:
-    """``sigmoid(bias + lexical * share + answer * key_supported + lift * lift)``; the lift
-    is clipped to ``[-clip, clip]`` nats per token first."""
+    """``sigmoid(bias + lexical * share + answer * key_supported + lift * L
+    + coverage * coverage + question * Q)``: ``L`` the key sentence's lift and ``Q`` the
+    question's lift given its quotes, each clipped to ``[-clip, clip]`` nats per token
+    first (None: ``-clip``). With ``plain_only`` the lift may not rescue a key sentence
+    whose missing claims include a number, date or name: its ``L`` is at most 0."""
 
     lexical: float
     answer: float
     lift: float
     bias: float
     clip: float = 3.0
+    coverage: float = 0.0
+    question: float = 0.0
+    plain_only: bool = False
 
     def __post_init__(self) -> None:
-        values = (self.lexical, self.answer, self.lift, self.bias, self.clip)
-        if not all(math.isfinite(v) for v in values) or self.clip <= 0:
+        values = (self.lexical, self.answer, self.lift, self.bias, self.coverage, self.question)
+        if not all(math.isfinite(v) for v in (*values, self.clip)) or self.clip <= 0:
             raise ConfigError("a lift rule needs finite weights and a positive clip", field="lift")
 
-    def decided(self, share: float, key_supported: float) -> bool | None:
-        """The decision when no lift within ``[-clip, clip]`` can change it (the pass is
+    def decided(
+        self, share: float, key_supported: float, plain: float = 1.0, coverage: float = 1.0
+    ) -> bool | None:
+        """The decision when no lifts within ``[-clip, clip]`` can change it (the pass is
         then skipped), else None."""
         z = self.bias + self.lexical * share + self.answer * key_supported
-        low, high = z - abs(self.lift) * self.clip, z + abs(self.lift) * self.clip
+        z += self.coverage * coverage
+        low = z - abs(self.question) * self.clip
+        high = z + abs(self.question) * self.clip
+        top = 0.0 if self.plain_only and not plain else self.clip
+        low += min(self.lift * -self.clip, self.lift * top)
+        high += max(self.lift * -self.clip, self.lift * top)
         if low >= 0:
             return True
         if high < 0:
             return False
         return None
 
+    def _clipped(self, value: float | None) -> float:
+        return max(-self.clip, min(self.clip, -self.clip if value is None else value))
+
     def logit(self, features: SupportFeatures) -> float:
-        """``bias + weights . features`` (None lift: the lowest the clip allows)."""
-        lift = -self.clip if features.lift is None else features.lift
-        lift = max(-self.clip, min(self.clip, lift))
+        """``bias + weights . features`` (a None lift: the lowest the clip allows)."""
+        lift = self._clipped(features.lift)
+        if self.plain_only and not features.plain:
+            lift = min(lift, 0.0)
         z = self.bias + self.lexical * features.share + self.answer * features.key_supported
-        return z + self.lift * lift
+        z += self.coverage * features.coverage
+        return z + self.lift * lift + self.question * self._clipped(features.question_lift)
 
     def probability(self, features: SupportFeatures) -> float:
         """The probability that the answer is grounded, given its ``features``."""
         return 1 / (1 + math.exp(-self.logit(features)))
+
+    @property
+    def asks_question(self) -> bool:
+        """Whether the rule reads the question's lift (its rows join the pass)."""
+        return self.question != 0.0
 
 
 @dataclass(frozen=True)
 class SupportFeatures:
     """``share``: the lexical score; ``key_supported``: 1.0 when the key sentence is
     supported, else 0.0; ``lift``: its likelihood lift (None: there is no key sentence or
-    no quote is cited for it; the rule counts it as the lowest lift)."""
+    no quote is cited for it; the rule counts it as the lowest lift); ``plain``: 1.0 when
+    what no quote backs in the key sentence is plain words only; ``coverage``: the share
+    of the question's claims its cited documents hold
+    (:mod:`ragsnap.citations.relevance`); ``question_lift``: how much its quotes make the
+    question likelier (None: not measured)."""
 
     share: float
     key_supported: float
     lift: float | None
+    plain: float = 1.0
+    coverage: float = 1.0
+    question_lift: float | None = None
+
+
+@dataclass(frozen=True)
+class KeyEvidence:
+    """What the engine found about the answer's key sentence: the sentence (None: none),
+    its lift and the question's lift given its quotes (None: not measured), whether its
+    missing claims are plain words, the question's coverage by its cited documents."""
+
+    key: Sentence | None
+    lift: float | None
+    plain: bool = True
+    coverage: float = 1.0
+    question_lift: float | None = None
 
 
 def key_sentence(answer: str, question: str) -> Sentence | None:
@@ -113,11 +156,22 @@ def support_features(
     unsupported: Sequence[tuple[int, int]],
     key: Sentence | None,
     lift: float | None,
+    evidence: KeyEvidence | None = None,
 ) -> SupportFeatures:
     """The features of an answer whose lexical verdict gave ``share`` and the
-    ``unsupported`` sentence spans, with key sentence ``key`` and its ``lift``."""
+    ``unsupported`` sentence spans, with key sentence ``key`` and its ``lift`` (and, from
+    ``evidence``, whether its missing claims are plain, the question's coverage and lift)."""
     supported = key is not None and (key.start, key.end) not in set(unsupported)
-    return SupportFeatures(share, 1.0 if supported else 0.0, lift if key is not None else None)
+    if evidence is None:
+        evidence = KeyEvidence(key, lift)
+    return SupportFeatures(
+        share,
+        1.0 if supported else 0.0,
+        lift if key is not None else None,
+        1.0 if evidence.plain else 0.0,
+        evidence.coverage,
+        evidence.question_lift if key is not None else None,
+    )
 
 
 def _profiles() -> Any:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ragsnap.citations.claims import claims
-from ragsnap.citations.lift import LiftRule, support_features
+from ragsnap.citations.lift import KeyEvidence, LiftRule, support_features
 from ragsnap.citations.model import Citation
 from ragsnap.citations.sentences import Sentence, split_sentences
 from ragsnap.citations.support import SupportRule
@@ -68,14 +68,18 @@ def grounding(
 
 
 def with_lift(
-    verdict: Verdict, key: Sentence | None, lift: float | None, rule: LiftRule
+    verdict: Verdict,
+    key: Sentence | None,
+    lift: float | None,
+    rule: LiftRule,
+    evidence: KeyEvidence | None = None,
 ) -> Verdict:
     """``verdict`` (the lexical one) decided again by ``rule`` from its share, whether the
-    ``key`` sentence is supported and the key sentence's ``lift``
-    (:mod:`ragsnap.citations.lift`); the score becomes the rule's probability."""
+    ``key`` sentence is supported and the key sentence's ``lift``, and what ``evidence``
+    adds (:mod:`ragsnap.citations.lift`); the score becomes the rule's probability."""
     if verdict.score is None:
         return verdict
-    features = support_features(verdict.score, verdict.unsupported, key, lift)
+    features = support_features(verdict.score, verdict.unsupported, key, lift, evidence)
     probability = rule.probability(features)
     return replace(verdict, grounded=probability >= 0.5, score=round(probability, 4))
 
@@ -83,19 +87,23 @@ def with_lift(
 def judge(
     done: Answer,
     options: CitationOptions,
-    key_lift: tuple[Sentence | None, float | None] | None = None,
+    key_lift: KeyEvidence | tuple[Sentence | None, float | None] | None = None,
     rule: LiftRule | None = None,
 ) -> Answer:
     """``done`` with its verdict; with ``unsupported="abstain"`` an answer that is not
     grounded becomes ``options.abstain_text`` (the model's answer kept in
     ``model_answer``). Model markers alone carry no evidence: no verdict. With a ``rule``
-    and the answer's key sentence and its lift (``key_lift``), the rule decides
+    and the answer's key sentence and its lift (``key_lift``: a pair, or the
+    :class:`~ragsnap.citations.lift.KeyEvidence` the engine found), the rule decides
     (:func:`with_lift`); else the lexical verdict stands."""
     if options.mode != "attribution":
         return done
     verdict = grounding(done.answer, done.citations, options.support)
     if rule is not None and key_lift is not None:
-        verdict = with_lift(verdict, *key_lift, rule)
+        if isinstance(key_lift, KeyEvidence):
+            verdict = with_lift(verdict, key_lift.key, key_lift.lift, rule, key_lift)
+        else:
+            verdict = with_lift(verdict, *key_lift, rule)
     done = replace(  # type: ignore[type-var]  # a DoneEvent: a dataclass
         done,
         grounded=verdict.grounded,

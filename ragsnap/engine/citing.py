@@ -4,6 +4,7 @@ while it decodes, its citations after, and the map of the tokens the press kept.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -13,6 +14,7 @@ from ragsnap.citations.attribution import default_attention_layers
 from ragsnap.citations.cite import cite_answer
 from ragsnap.citations.kept import DocumentKeptTokens, document_kept_tokens
 from ragsnap.citations.lift import (
+    KeyEvidence,
     LiftRule,
     key_sentence,
     load_lift_rule,
@@ -20,13 +22,15 @@ from ragsnap.citations.lift import (
     support_features,
 )
 from ragsnap.citations.markers import MarkerConstraint, marker_candidates, vocabulary_texts
+from ragsnap.citations.relevance import cited_documents, coverage, plain_missing
 from ragsnap.citations.sentences import Sentence
 from ragsnap.citations.support import SupportRule
 from ragsnap.citations.verdict import grounding, judge
 from ragsnap.compression.layer_budgets import model_fingerprint
 from ragsnap.engine.events import CitationsEvent, DoneEvent
 from ragsnap.engine.prepared import PreparedAnswer
-from ragsnap.prompt.support_prompt import support_prompts
+from ragsnap.prompt.documents import Document
+from ragsnap.prompt.support_prompt import question_prompts, support_prompts
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
 from ragsnap.runtime.model_runtime import ModelRuntime
 
@@ -86,7 +90,8 @@ class AnswerCiting:
         key_lift = None
         if self.lift_rule is not None and prepared.options.citations.mode == "attribution":
             support = prepared.options.citations.support
-            key_lift = self.key_lift(prepared.question, answer, citations, support)
+            documents = prepared.layout.documents
+            key_lift = self.key_evidence(prepared.question, answer, citations, documents, support)
         cite_s += time.perf_counter() - started
         done = DoneEvent(
             answer=answer,
@@ -106,24 +111,65 @@ class AnswerCiting:
         support: SupportRule | None = None,
         gate: bool = True,
     ) -> tuple[Sentence | None, float | None]:
-        """The answer's key sentence and the lift its quotes give it: one short pass per
-        condition, skipped (lift 0.0) when the lexical features already decide the rule
-        (``gate``); lift None without a key sentence or a quote cited for it."""
+        """The answer's key sentence and the lift its quotes give it (see
+        :meth:`key_evidence`, without documents)."""
+        found = self.key_evidence(question, answer, citations, (), support, gate)
+        return found.key, found.lift
+
+    def key_evidence(
+        self,
+        question: str,
+        answer: str,
+        citations: list[Citation],
+        documents: Sequence[Document] = (),
+        support: SupportRule | None = None,
+        gate: bool = True,
+    ) -> KeyEvidence:
+        """The answer's key sentence, whether what no quote backs in it is plain words,
+        the question's coverage by the ``documents`` cited for it (the prompt's order, as
+        citations count them; 1.0 without documents), and the lifts: the key sentence's
+        and, when the rule reads it, the question's given its quotes, both rows in one
+        short pass. The pass is skipped (lifts 0.0) when the lexical features already
+        decide the rule (``gate``); lifts None without a key sentence or a quote cited
+        for it."""
         key = key_sentence(answer, question)
-        quotes = sentence_quotes(key, citations) if key is not None else []
-        if key is None or not quotes:
-            return key, None
-        if gate and self.lift_rule is not None:
+        if key is None:
+            return KeyEvidence(None, None)
+        quotes = sentence_quotes(key, citations)
+        plain = plain_missing(key, citations)
+        cited = [documents[i - 1] for i in cited_documents(key, citations) if i <= len(documents)]
+        covered = (
+            coverage(question, [t for d in cited for t in (d.title, d.text)]) if documents else 1.0
+        )
+        if not quotes:
+            return KeyEvidence(key, None, plain, covered)
+        rule = self.lift_rule
+        if gate and rule is not None:
             lexical = grounding(answer, citations, support)
             if lexical.score is None:
-                return key, None
+                return KeyEvidence(key, None, plain, covered)
             known = support_features(lexical.score, lexical.unsupported, key, 0.0)
-            if self.lift_rule.decided(known.share, known.key_supported) is not None:
-                return key, 0.0
+            if rule.decided(known.share, known.key_supported, float(plain), covered) is not None:
+                return KeyEvidence(key, 0.0, plain, covered, 0.0)
+        ask = not gate or (rule is not None and rule.asks_question)
         try:
-            return key, self.sentence_lift(question, quotes, key.text)
+            lift, asked = self.lifts(question, quotes, key.text, ask)
         except ValueError:  # nothing left to score once markers are removed
-            return key, None
+            return KeyEvidence(key, None, plain, covered)
+        return KeyEvidence(key, lift, plain, covered, asked)
+
+    def lifts(
+        self, question: str, quotes: list[str], sentence: str, ask: bool
+    ) -> tuple[float, float | None]:
+        """The lift ``quotes`` give ``sentence`` and, when ``ask``, the lift they give
+        the question itself; one pass over the two or four rows."""
+        prompts = [support_prompts(self.tokenizer, question, quotes, sentence)]
+        if ask:
+            prompts.append(question_prompts(self.tokenizer, question, quotes))
+        lift = self.runtime.likelihood_lift(
+            [p.given for p in prompts], [p.alone for p in prompts], [p.target for p in prompts]
+        )
+        return float(lift[0]), float(lift[1]) if ask else None
 
     def sentence_lift(self, question: str, quotes: list[str], sentence: str) -> float:
         """How much likelier ``quotes`` make ``sentence`` (mean log-prob per token, given

@@ -29,9 +29,13 @@ import torch
 from ragsnap.citations.lift import LiftRule, SupportFeatures
 
 
-def labelled(rows_files: Sequence[Path]) -> list[tuple[SupportFeatures, int]]:
+def labelled(
+    rows_files: Sequence[Path], coverage_field: str = "coverage"
+) -> list[tuple[SupportFeatures, int]]:
     """(features, 1 for a right answerable answer / 0 for an unanswerable one) per row
-    that has a lexical score (an answer that asserts nothing has no verdict)."""
+    that has a lexical score (an answer that asserts nothing has no verdict). Rows
+    recorded before a feature existed read it as neutral (plain, full coverage, no
+    question lift); ``coverage_field`` names the coverage variant to read."""
     out = []
     for path in rows_files:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -40,9 +44,27 @@ def labelled(rows_files: Sequence[Path]) -> list[tuple[SupportFeatures, int]]:
         for row, label in sets:
             if row["lexical_score"] is None:
                 continue
-            key = 1.0 if row["key_supported"] else 0.0
-            out.append((SupportFeatures(row["lexical_score"], key, row["lift"]), label))
+            features = SupportFeatures(
+                row["lexical_score"],
+                1.0 if row["key_supported"] else 0.0,
+                row["lift"],
+                1.0 if row.get("plain", True) else 0.0,
+                float(row.get(coverage_field, 1.0)),
+                row.get("question_lift"),
+            )
+            out.append((features, label))
     return out
+
+
+def auc(data: Sequence[tuple[SupportFeatures, int]], value: Any) -> float:
+    """The share of (positive, negative) pairs ``value`` orders positive-first (ties
+    count half): how well one feature separates right answers from unanswerable ones."""
+    pos = [value(f) for f, y in data if y == 1]
+    neg = [value(f) for f, y in data if y == 0]
+    if not pos or not neg:
+        return math.nan
+    won = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return round(won / (len(pos) * len(neg)), 4)
 
 
 def rates(rule: LiftRule, data: Sequence[tuple[SupportFeatures, int]]) -> dict[str, float]:
@@ -55,24 +77,42 @@ def rates(rule: LiftRule, data: Sequence[tuple[SupportFeatures, int]]) -> dict[s
     }
 
 
+FEATURES = ("lexical", "answer", "lift", "coverage", "question")
+
+
 def fit(
     data: Sequence[tuple[SupportFeatures, int]],
     clip: float,
     right_grounded: float,
-    use_lift: bool = True,
+    use: Sequence[str] = ("lexical", "answer", "lift"),
+    plain_only: bool = False,
     steps: int = 3000,
     l2: float = 0.01,
+    unanswerable: float = 0.0,
 ) -> LiftRule:
-    """A class-balanced logistic fit (L2 ``l2``) of the three weights, then the bias of
-    :func:`best_bias`."""
-    lift = lambda f: max(-clip, min(clip, -clip if f.lift is None else f.lift))  # noqa: E731
-    x = torch.tensor(
-        [[f.share, f.key_supported, lift(f) if use_lift else 0.0] for f, _ in data],
-        dtype=torch.float64,
-    )
+    """A class-balanced logistic fit (L2 ``l2``) of the weights of the features in
+    ``use`` (of :data:`FEATURES`; the others weigh 0), then the bias of
+    :func:`best_bias`. With ``plain_only`` the key sentence's lift counts at most 0
+    when a number, date or name in it is missing from its quotes."""
+    shape = LiftRule(1.0, 1.0, 1.0, 0.0, clip, 1.0, 1.0, plain_only)
+
+    def row(f: SupportFeatures) -> list[float]:
+        lift = shape._clipped(f.lift)
+        if plain_only and not f.plain:
+            lift = min(lift, 0.0)
+        values = {
+            "lexical": f.share,
+            "answer": f.key_supported,
+            "lift": lift,
+            "coverage": f.coverage,
+            "question": shape._clipped(f.question_lift),
+        }
+        return [values[name] if name in use else 0.0 for name in FEATURES]
+
+    x = torch.tensor([row(f) for f, _ in data], dtype=torch.float64)
     y = torch.tensor([float(lab) for _, lab in data], dtype=torch.float64)
     weight = torch.where(y > 0, 0.5 / y.sum().clamp(min=1), 0.5 / (1 - y).sum().clamp(min=1))
-    w = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    w = torch.zeros(len(FEATURES), dtype=torch.float64, requires_grad=True)
     b = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.LBFGS([w, b], max_iter=steps, line_search_fn="strong_wolfe")
 
@@ -85,19 +125,35 @@ def fit(
         return loss
 
     opt.step(closure)
-    weights = w.detach().tolist()
-    lift_w = weights[2] if use_lift else 0.0
-    base = LiftRule(weights[0], weights[1], lift_w, 0.0, clip)
+    got = dict(zip(FEATURES, w.detach().tolist(), strict=True))
+    weights = {name: (got[name] if name in use else 0.0) for name in FEATURES}
+    base = LiftRule(
+        weights["lexical"],
+        weights["answer"],
+        weights["lift"],
+        0.0,
+        clip,
+        weights["coverage"],
+        weights["question"],
+        plain_only,
+    )
     z = [base.logit(f) for f, _ in data]
-    return LiftRule(base.lexical, base.answer, lift_w, best_bias(z, data, right_grounded), clip)
+    bias = best_bias(z, data, right_grounded, unanswerable)
+    return LiftRule(**{**vars(base), "bias": bias})
 
 
 def best_bias(
-    z: Sequence[float], data: Sequence[tuple[SupportFeatures, int]], right_grounded: float
+    z: Sequence[float],
+    data: Sequence[tuple[SupportFeatures, int]],
+    right_grounded: float,
+    unanswerable: float = 0.0,
 ) -> float:
-    """The bias (a row is grounded when ``z + bias >= 0``) with the most positives grounded
-    plus negatives not grounded (Youden's J) among those that keep at least
-    ``right_grounded`` of the positives grounded (all biases when none does)."""
+    """The bias (a row is grounded when ``z + bias >= 0``) for both floors: among the
+    cuts that keep at least ``right_grounded`` of the positives grounded and
+    ``unanswerable`` of the negatives not grounded, the one with the largest smaller
+    margin over its floor; when none meets both, the most positives grounded plus
+    negatives not grounded (Youden's J) among those that keep ``right_grounded`` (all
+    cuts when none does)."""
     scored = [(zi, y) for zi, (_, y) in zip(z, data, strict=True)]
     pos = max(sum(y for _, y in data), 1)
     neg = max(sum(1 - y for _, y in data), 1)
@@ -106,13 +162,29 @@ def best_bias(
         tp = sum(1 for zi, y in scored if y == 1 and zi >= cut)
         tn = neg - sum(1 for zi, y in scored if y == 0 and zi >= cut)
         candidates.append((tp / pos, tn / neg, cut))
-    floor = [c for c in candidates if c[0] >= right_grounded] or candidates
-    tpr, tnr, cut = max(floor, key=lambda c: (c[0] + c[1], c[0]))
+    both = [c for c in candidates if c[0] >= right_grounded and c[1] >= unanswerable]
+    if both and (right_grounded > 0 or unanswerable > 0):
+        tpr, tnr, cut = max(
+            both, key=lambda c: (min(c[0] - right_grounded, c[1] - unanswerable), c[0])
+        )
+    else:
+        floor = [c for c in candidates if c[0] >= right_grounded] or candidates
+        tpr, tnr, cut = max(floor, key=lambda c: (c[0] + c[1], c[0]))
     if math.isinf(cut):
         return -1e6
     # halfway to the next lower score, so a small shift does not flip the row at the cut
     below = max((zi for zi, _ in scored if zi < cut), default=cut - 1.0)
     return -(cut + below) / 2
+
+
+VARIANTS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "without_lift": (("lexical", "answer"), False),
+    "with_lift": (("lexical", "answer", "lift"), False),
+    "plain_rescue": (("lexical", "answer", "lift"), True),
+    "plain_rescue_coverage": (("lexical", "answer", "lift", "coverage"), True),
+    "plain_rescue_question": (("lexical", "answer", "lift", "question"), True),
+    "plain_rescue_both": (("lexical", "answer", "lift", "coverage", "question"), True),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,25 +194,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--right-grounded", type=float, default=0.0, help="floor on right answers grounded"
     )
+    parser.add_argument(
+        "--unanswerable", type=float, default=0.0, help="floor on unanswerable not grounded"
+    )
+    parser.add_argument("--coverage-field", default="coverage", help="the coverage variant")
+    parser.add_argument("--ship", default="with_lift", choices=sorted(VARIANTS))
     parser.add_argument("--out", type=Path, help="write the profile JSON here")
     parser.add_argument("--model", default="", help="fingerprint recorded in the profile")
     args = parser.parse_args(argv)
-    data = labelled(args.rows)
+    data = labelled(args.rows, args.coverage_field)
     lexical = LiftRule(lexical=100.0, answer=0.0, lift=0.0, bias=-50.0)  # share >= 0.5 alone
-    no_lift = fit(data, args.clip, args.right_grounded, use_lift=False)
-    rule = fit(data, args.clip, args.right_grounded)
+    separation = {
+        "share": auc(data, lambda f: f.share),
+        "key_supported": auc(data, lambda f: f.key_supported),
+        "lift": auc(data, lambda f: -9.0 if f.lift is None else f.lift),
+        "plain": auc(data, lambda f: f.plain),
+        "coverage": auc(data, lambda f: f.coverage),
+        "question_lift": auc(data, lambda f: -9.0 if f.question_lift is None else f.question_lift),
+    }
     report: dict[str, Any] = {
         "n_positive": sum(y for _, y in data),
         "n_negative": sum(1 - y for _, y in data),
+        "auc": separation,
         "lexical_share_rule": rates(lexical, data),
-        "without_lift": {"rule": vars(no_lift), **rates(no_lift, data)},
-        "with_lift": {"rule": vars(rule), **rates(rule, data)},
     }
+    rules = {}
+    for name, (use, plain_only) in VARIANTS.items():
+        rules[name] = fit(
+            data, args.clip, args.right_grounded, use, plain_only, unanswerable=args.unanswerable
+        )
+        report[name] = {"rule": vars(rules[name]), **rates(rules[name], data)}
     print(json.dumps(report, indent=2))
     if args.out:
         profile = {
             "model": args.model,
-            "rule": {k: round(v, 6) for k, v in vars(rule).items()},
+            "rule": {
+                k: (round(v, 6) if isinstance(v, float) else v)
+                for k, v in vars(rules[args.ship]).items()
+            },
             "calibrated_on": [str(p.name) for p in args.rows],
             "held_out": report,
         }

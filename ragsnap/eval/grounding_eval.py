@@ -26,6 +26,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ragsnap.citations.lift import sentence_quotes
+from ragsnap.citations.model import Citation
+from ragsnap.citations.relevance import HARD_KINDS, cited_documents, coverage, missing_kinds
 from ragsnap.citations.sentences import Sentence
 from ragsnap.citations.support import check_sentence
 from ragsnap.citations.verdict import Verdict, grounding
@@ -103,29 +106,98 @@ def check_features(
 ) -> dict[str, Any]:
     """The claim-level work on ``done`` again, timed: each cited sentence against its
     citation's quotes and document, the lexical verdict, then the key sentence's
-    likelihood lift (what the engine adds per answer), with what it found."""
+    evidence (what the engine adds per answer: its pass only when the rule needs it),
+    with what it found (:func:`answer_features`, every feature measured)."""
     answer = done.model_answer if done.model_answer is not None else done.answer
+    by_id = {d.id: d for d in documents}  # a citation's index is the prompt's order
     started = time.perf_counter()
     for citation in done.citations:
-        doc = documents[citation.index - 1]
+        doc = by_id[citation.doc_id]
         quotes = [q.text for q in citation.quotes] + [doc.title]
         for start, end in citation.spans:
             check_sentence(Sentence(answer[start:end], start, end), quotes, [doc.text], question)
-    lexical: Verdict = grounding(answer, done.citations)
+    grounding(answer, done.citations)
     lexical_s = time.perf_counter() - started
-    key, lift = engine.citing.key_lift(question, answer, done.citations)
+    cited = prompt_documents(done.citations, documents)
+    engine.citing.key_evidence(question, answer, done.citations, cited)
     check_s = time.perf_counter() - started
-    if engine.citing.lift_rule is not None:  # the pass may have been skipped: the row's lift
-        key, lift = engine.citing.key_lift(question, answer, done.citations, gate=False)
+    return {
+        "check_s": check_s,
+        "lexical_check_s": lexical_s,
+        **answer_features(engine, question, answer, done.citations, cited),
+    }
+
+
+def prompt_documents(
+    citations: Sequence[Citation], documents: Sequence[Document]
+) -> list[Document]:
+    """The documents in the prompt's order as far as ``citations`` tell it (index ``i``
+    of a citation is entry ``i - 1``; entries no citation names are empty documents)."""
+    by_id = {d.id: d for d in documents}
+    size = max((c.index for c in citations), default=0)
+    out = [Document(id="", text="", title="") for _ in range(size)]
+    for c in citations:
+        if c.doc_id in by_id:
+            out[c.index - 1] = by_id[c.doc_id]
+    return out
+
+
+def answer_features(
+    engine: Any,
+    question: str,
+    answer: str,
+    citations: Sequence[Citation],
+    cited: Sequence[Document],
+) -> dict[str, Any]:
+    """Every feature a grounded rule may read, measured without the gate: the lexical
+    verdict, the key sentence's support, lift and missing kinds, the question's lift
+    given the key sentence's quotes and its coverage by several texts (the answer, the
+    key sentence's quotes, its cited documents, all cited documents; ``ent_``: its
+    numbers and names only)."""
+    lexical: Verdict = grounding(answer, citations)
+    found = engine.citing.key_evidence(question, answer, list(citations), cited, gate=False)
+    key = found.key
     unsupported = {tuple(span) for span in lexical.unsupported}
+    quotes = sentence_quotes(key, citations) if key is not None else []
+    mine = [cited[i - 1] for i in cited_documents(key, citations)] if key is not None else []
+    docs = [t for d in mine for t in (d.title, d.text)]
+    every = [t for d in cited for t in (d.title, d.text)]
+    hard = HARD_KINDS
     return {
         "lexical_grounded": lexical.grounded,
         "lexical_score": lexical.score,
         "key_supported": key is not None and (key.start, key.end) not in unsupported,
         "has_key": key is not None,
-        "lift": lift,
-        "check_s": check_s,
-        "lexical_check_s": lexical_s,
+        "lift": found.lift,
+        "question_lift": found.question_lift,
+        "plain": found.plain,
+        "key_missing": sorted(missing_kinds(key, citations)) if key is not None else [],
+        "coverage": found.coverage,
+        "cov_answer": coverage(question, [answer]),
+        "cov_quotes": coverage(question, quotes),
+        "cov_docs": coverage(question, docs),
+        "cov_all": coverage(question, every),
+        "ent_answer": coverage(question, [answer], hard),
+        "ent_quotes": coverage(question, quotes, hard),
+        "ent_docs": coverage(question, docs, hard),
+        "ent_all": coverage(question, every, hard),
+    }
+
+
+def raw_material(done: DoneEvent, question: str, documents: Sequence[Document]) -> dict[str, Any]:
+    """What a rule's features are computed from again (``grounding_calibrate``): the
+    question, the model's answer, its checked citations and the cited documents."""
+    by_id = {d.id: d for d in documents}
+    return {
+        "question": question,
+        "model_answer": done.model_answer if done.model_answer is not None else done.answer,
+        "citations": [c.to_dict() for c in done.citations],
+        # by the citation's index (the prompt's order, which may not be the given one)
+        "documents": {
+            str(c.index): {"title": by_id[c.doc_id].title, "text": by_id[c.doc_id].text}
+            for c in done.citations
+            if c.doc_id in by_id
+        },
     }
 
 
@@ -151,6 +223,7 @@ def run_items(engine: Any, items: Sequence[EvalItem], budget: int, max_new_token
                 "score": done.grounded_score,
                 "total_s": done.stats.total_s,
                 **check_features(engine, done, item.question, item.documents),
+                **raw_material(done, item.question, item.documents),
             }
         )
     return rows

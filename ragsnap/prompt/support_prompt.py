@@ -49,3 +49,21 @@ def support_prompts(
     quoted = encode_user_text(tokenizer, f"Document: {quote_text}\n\n")[:MAX_QUOTE_TOKENS]
     target = encode_user_text(tokenizer, target_text)[:MAX_TARGET_TOKENS]
     return SupportPrompts(head + quoted + asked + tail, head + asked + tail, target)
+
+
+def question_prompts(tokenizer: Any, question: str, quotes: Sequence[str]) -> SupportPrompts:
+    """The prompts that ask how much ``quotes`` make the question itself likelier (does
+    the cited text speak of what is asked?): the same chat template and system line, the
+    user turn opening with the quotes or with nothing, the question (capped) the target.
+
+    Raises ``ValueError`` when there is no quote or no question."""
+    quote_text = " ".join(q.strip() for q in quotes if q.strip())
+    if not quote_text:
+        raise ValueError("a question prompt needs at least one non-empty quote")
+    if not question.strip():
+        raise ValueError("the question is empty")
+    before, _ = _template_halves(tokenizer, SUPPORT_SYSTEM)
+    head = _encode(tokenizer, before)
+    quoted = encode_user_text(tokenizer, f"Document: {quote_text}\n\n")[:MAX_QUOTE_TOKENS]
+    target = encode_user_text(tokenizer, f"Question: {question.strip()}")[:MAX_QUESTION_TOKENS]
+    return SupportPrompts(head + quoted, head, target)

@@ -46,20 +46,33 @@ def target_logprobs(
     ids = torch.full((len(rows), max(lengths)), pad_id, dtype=torch.long)
     for r, (prompt, target) in enumerate(rows):
         ids[r, : lengths[r]] = torch.tensor([*prompt, *target], dtype=torch.long)
-    # only the positions that predict a target token go through the output head (on a
-    # short prompt the head over the vocabulary costs as much as the layers)
-    first = min(len(p) for p, _ in rows) - 1
+    # position j predicts token j + 1: a row's target is predicted from len(prompt) - 1 on
+    where = [(r, j) for r, (p, t) in enumerate(rows) for j in range(len(p) - 1, lengths[r] - 1)]
     with torch.inference_mode(), medium_products():
-        out_ = model(input_ids=ids.to(device), use_cache=False, logits_to_keep=ids.shape[1] - first)
-    logits = out_.logits  # [B, T - first, V]: position first + j at j
-    out = []
-    for r, (prompt, target) in enumerate(rows):
-        start = len(prompt)
-        # position j predicts token j + 1: the target's logits start one before it
-        row = torch.log_softmax(logits[r, start - 1 - first : lengths[r] - 1 - first].float(), -1)
-        picked = row.gather(1, torch.tensor(list(target), device=row.device).unsqueeze(1))
-        out.append(picked.squeeze(1).cpu())
-    return out
+        logits = _picked_logits(model, ids.to(device), where)  # [len(where), V]
+    picked_ids = torch.tensor([t for _, target in rows for t in target], device=logits.device)
+    scores = torch.log_softmax(logits.float(), -1).gather(1, picked_ids.unsqueeze(1)).squeeze(1)
+    return list(scores.cpu().split([len(t) for _, t in rows]))
+
+
+def _picked_logits(model: Any, ids: torch.Tensor, where: Sequence[tuple[int, int]]) -> Any:
+    """The logits at the ``(row, position)`` pairs ``where`` of one pass over ``ids``.
+
+    Only those positions go through the output head (over the vocabulary it costs as
+    much as the layers on short rows): the decoder's hidden states are gathered first
+    when the model exposes its decoder and head plainly; otherwise the head runs from the
+    first picked position on."""
+    rows = torch.tensor([r for r, _ in where], device=ids.device)
+    cols = torch.tensor([j for _, j in where], device=ids.device)
+    decoder = getattr(model, "model", None)
+    head = getattr(model, "lm_head", None)
+    plain = getattr(model.config, "final_logit_softcapping", None) is None
+    if decoder is not None and head is not None and plain:
+        hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+        return head(hidden[rows, cols])
+    first = int(cols.min())
+    logits = model(input_ids=ids, use_cache=False, logits_to_keep=ids.shape[1] - first).logits
+    return logits[rows, cols - first]
 
 
 def mean_lift(
@@ -70,13 +83,15 @@ def mean_lift(
     pad_id: int = 0,
 ) -> torch.Tensor:
     """The mean per-token log-prob of ``targets[i]`` after ``given[i]`` minus after
-    ``alone[i]``: ``[k]`` float32 (nats per token). One pass per condition, each a
-    batch of the ``k`` rows (a positive lift: the prompt of ``given`` makes the target
+    ``alone[i]``: ``[k]`` float32 (nats per token). One pass over the ``2k`` rows of
+    both conditions (a positive lift: the prompt of ``given`` makes the target
     likelier)."""
     if not (len(given) == len(alone) == len(targets)):
         raise ValueError(f"{len(given)} / {len(alone)} / {len(targets)} prompts and targets")
     if not targets:
         return torch.empty(0)
-    with_prompt = target_logprobs(model, list(zip(given, targets, strict=True)), pad_id)
-    without = target_logprobs(model, list(zip(alone, targets, strict=True)), pad_id)
+    # one pass over both conditions' rows (a pass has a fixed cost as large as its work)
+    rows = list(zip(given, targets, strict=True)) + list(zip(alone, targets, strict=True))
+    scored = target_logprobs(model, rows, pad_id)
+    with_prompt, without = scored[: len(targets)], scored[len(targets) :]
     return torch.stack([a.mean() - b.mean() for a, b in zip(with_prompt, without, strict=True)])
