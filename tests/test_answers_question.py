@@ -22,6 +22,7 @@ from ragsnap.eval.grounding_calibrate import auc, best_bias, fit, labelled
 from ragsnap.eval.grounding_features import citation_from_dict, recorded_documents
 from ragsnap.prompt.documents import Document
 from ragsnap.prompt.support_prompt import MAX_QUESTION_TOKENS, question_prompts
+from ragsnap.runtime.likelihood import mean_lift, span_lifts
 from tests.tiny_models import tiny_engine, tiny_tokenizer
 
 # grounded when 10 * share + 10 * lift >= 12 (lift clipped to [-1, 1] nats per token)
@@ -112,18 +113,34 @@ def test_the_question_prompts_differ_only_by_the_quote_and_the_question_is_the_t
         question_prompts(tokenizer, " ", ["t7"])
 
 
+def test_the_question_s_lift_read_in_the_sentence_s_rows_is_the_one_of_its_own_prompts():
+    engine = tiny_engine("llama", seed=4)
+    tokenizer, runtime = engine.citing.tokenizer, engine.citing.runtime
+    question, quotes = "t5 t6 t9", ["t7 t8 t9"]
+    own = question_prompts(tokenizer, question, quotes)
+    expected = mean_lift(runtime.model, [own.given], [own.alone], [own.target])
+    sentence_lift, question_lift = engine.citing.lifts(question, quotes, "t10 t11", True)
+    assert question_lift == pytest.approx(float(expected[0]), abs=1e-4)
+    alone = engine.citing.lifts(question, quotes, "t10 t11", False)
+    assert alone[1] is None and alone[0] == pytest.approx(sentence_lift, abs=1e-4)
+    with pytest.raises(ValueError, match="same tokens"):
+        span_lifts(runtime.model, [1, 2, 3], [1, 4, 5], [((1, 3), (1, 3))])
+    with pytest.raises(ValueError, match="outside"):
+        span_lifts(runtime.model, [1, 2, 3], [1, 2, 3], [((0, 3), (0, 3))])
+
+
 def test_the_engine_scores_sentence_and_question_in_one_pass_only_when_they_decide(
     monkeypatch,
 ):
     engine = tiny_engine("llama", seed=4)
     calls: list[int] = []
-    real = engine.citing.runtime.likelihood_lift
+    real = engine.citing.runtime.likelihood_spans
 
-    def counted(given, alone, targets):
-        calls.append(len(targets))
-        return real(given, alone, targets)
+    def counted(given, alone, spans):
+        calls.append(len(spans))
+        return real(given, alone, spans)
 
-    monkeypatch.setattr(engine.citing.runtime, "likelihood_lift", counted)
+    monkeypatch.setattr(engine.citing.runtime, "likelihood_spans", counted)
     answer = "t5 t6 t7."
     sentence = Sentence(answer, 0, len(answer))
     cited = [_cited(sentence, "t5 t6 t7 t8.")]

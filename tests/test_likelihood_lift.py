@@ -168,13 +168,13 @@ def test_the_rule_decides_the_verdict_and_abstention_follows_it():
 def test_the_engine_runs_one_pass_only_when_the_lift_decides(monkeypatch):
     engine = tiny_engine("llama", seed=4)
     calls: list[int] = []
-    real = engine.citing.runtime.likelihood_lift
+    real = engine.citing.runtime.likelihood_spans
 
-    def counted(given, alone, targets):
-        calls.append(len(targets))
-        return real(given, alone, targets)
+    def counted(given, alone, spans):
+        calls.append(len(spans))
+        return real(given, alone, spans)
 
-    monkeypatch.setattr(engine.citing.runtime, "likelihood_lift", counted)
+    monkeypatch.setattr(engine.citing.runtime, "likelihood_spans", counted)
     answer = "t5 t6 t7."
     cited = [_citation((0, len(answer)), "t5 t6 t7 t8.")]
     engine.citing.lift_rule = RULE

@@ -30,7 +30,7 @@ from ragsnap.compression.layer_budgets import model_fingerprint
 from ragsnap.engine.events import CitationsEvent, DoneEvent
 from ragsnap.engine.prepared import PreparedAnswer
 from ragsnap.prompt.documents import Document
-from ragsnap.prompt.support_prompt import question_prompts, support_prompts
+from ragsnap.prompt.support_prompt import support_prompts
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
 from ragsnap.runtime.model_runtime import ModelRuntime
 
@@ -162,21 +162,22 @@ class AnswerCiting:
         self, question: str, quotes: list[str], sentence: str, ask: bool
     ) -> tuple[float, float | None]:
         """The lift ``quotes`` give ``sentence`` and, when ``ask``, the lift they give
-        the question itself; one pass over the two or four rows."""
-        prompts = [support_prompts(self.tokenizer, question, quotes, sentence)]
-        if ask:
-            prompts.append(question_prompts(self.tokenizer, question, quotes))
-        lift = self.runtime.likelihood_lift(
-            [p.given for p in prompts], [p.alone for p in prompts], [p.target for p in prompts]
-        )
-        return float(lift[0]), float(lift[1]) if ask else None
+        the question itself (read from the same two rows, which hold it before the
+        sentence): one short pass (raises ``ValueError`` without a quote)."""
+        prompts = support_prompts(self.tokenizer, question, quotes, sentence)
+        given = prompts.given + prompts.target
+        alone = prompts.alone + prompts.target
+        spans = [((len(prompts.given), len(given)), (len(prompts.alone), len(alone)))]
+        at_given, at_alone, size = prompts.question
+        if ask and size:
+            spans.append(((at_given, at_given + size), (at_alone, at_alone + size)))
+        lift = self.runtime.likelihood_spans(given, alone, spans)
+        return float(lift[0]), float(lift[1]) if len(spans) > 1 else None
 
     def sentence_lift(self, question: str, quotes: list[str], sentence: str) -> float:
         """How much likelier ``quotes`` make ``sentence`` (mean log-prob per token, given
         them against given no document; raises ``ValueError`` without a quote)."""
-        prompts = support_prompts(self.tokenizer, question, quotes, sentence)
-        lift = self.runtime.likelihood_lift([prompts.given], [prompts.alone], [prompts.target])
-        return float(lift[0])
+        return self.lifts(question, quotes, sentence, False)[0]
 
     def kept_map(self, prepared: PreparedAnswer) -> list[DocumentKeptTokens]:
         """Per document, the share of layers and heads that kept each of its tokens."""

@@ -23,11 +23,14 @@ _MARKERS = re.compile(r"\s*(?:\[\d+\])+")
 
 
 class SupportPrompts(NamedTuple):
-    """Token ids: the prompt with the quotes, the prompt without, the target sentence."""
+    """Token ids: the prompt with the quotes, the prompt without, the target sentence;
+    ``question``: where the question's tokens start in ``given`` and in ``alone``, and
+    how many there are (both prompts hold it, so it is scored in the same rows)."""
 
     given: list[int]
     alone: list[int]
     target: list[int]
+    question: tuple[int, int, int] = (0, 0, 0)
 
 
 def support_prompts(
@@ -48,13 +51,16 @@ def support_prompts(
     asked = encode_user_text(tokenizer, f"Question: {question.strip()}")[:MAX_QUESTION_TOKENS]
     quoted = encode_user_text(tokenizer, f"Document: {quote_text}\n\n")[:MAX_QUOTE_TOKENS]
     target = encode_user_text(tokenizer, target_text)[:MAX_TARGET_TOKENS]
-    return SupportPrompts(head + quoted + asked + tail, head + asked + tail, target)
+    where = (len(head) + len(quoted), len(head), len(asked))
+    return SupportPrompts(head + quoted + asked + tail, head + asked + tail, target, where)
 
 
 def question_prompts(tokenizer: Any, question: str, quotes: Sequence[str]) -> SupportPrompts:
     """The prompts that ask how much ``quotes`` make the question itself likelier (does
     the cited text speak of what is asked?): the same chat template and system line, the
     user turn opening with the quotes or with nothing, the question (capped) the target.
+    They are the beginnings of :func:`support_prompts`' two prompts (the engine reads the
+    question there, in the sentence's pass; ``SupportPrompts.question``).
 
     Raises ``ValueError`` when there is no quote or no question."""
     quote_text = " ".join(q.strip() for q in quotes if q.strip())

@@ -95,3 +95,43 @@ def mean_lift(
     scored = target_logprobs(model, rows, pad_id)
     with_prompt, without = scored[: len(targets)], scored[len(targets) :]
     return torch.stack([a.mean() - b.mean() for a, b in zip(with_prompt, without, strict=True)])
+
+
+def span_lifts(
+    model: Any,
+    given: Sequence[int],
+    alone: Sequence[int],
+    spans: Sequence[tuple[tuple[int, int], tuple[int, int]]],
+    pad_id: int = 0,
+) -> torch.Tensor:
+    """For each ``((gs, ge), (as_, ae))`` of ``spans``: the mean log-prob of
+    ``given[gs:ge]`` within the row ``given`` minus that of ``alone[as_:ae]`` within
+    ``alone`` (the same tokens, read in two contexts): ``[len(spans)]`` float32, one pass
+    over the two rows. A span must start after its row's first token.
+
+    Reading several spans of one row costs one pass: the question, which both support
+    prompts hold before the answer sentence, is scored beside the sentence for free."""
+    where: list[tuple[int, int]] = []
+    sizes: list[int] = []
+    picked: list[int] = []
+    for (gs, ge), (as_, ae) in spans:
+        if not (0 < gs < ge <= len(given) and 0 < as_ < ae <= len(alone)):
+            raise ValueError(f"span {(gs, ge)} / {(as_, ae)} outside its rows")
+        if list(given[gs:ge]) != list(alone[as_:ae]):
+            raise ValueError("a lift compares the same tokens in two contexts")
+        for r, (start, end), row in ((0, (gs, ge), given), (1, (as_, ae), alone)):
+            where += [(r, j - 1) for j in range(start, end)]
+            picked += list(row[start:end])
+            sizes.append(end - start)
+    if not spans:
+        return torch.empty(0)
+    ids = torch.full((2, max(len(given), len(alone))), pad_id, dtype=torch.long)
+    ids[0, : len(given)] = torch.tensor(list(given), dtype=torch.long)
+    ids[1, : len(alone)] = torch.tensor(list(alone), dtype=torch.long)
+    device = next(model.parameters()).device
+    with torch.inference_mode(), medium_products():
+        logits = _picked_logits(model, ids.to(device), where)
+    target = torch.tensor(picked, device=logits.device).unsqueeze(1)
+    scores = torch.log_softmax(logits.float(), -1).gather(1, target).squeeze(1).cpu()
+    means = [part.mean() for part in scores.split(sizes)]
+    return torch.stack([means[2 * i] - means[2 * i + 1] for i in range(len(spans))])

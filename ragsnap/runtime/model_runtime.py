@@ -22,7 +22,7 @@ from ragsnap.runtime.decode import DecodeBatch
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.generation import GenerationConfig, stop_token_ids
 from ragsnap.runtime.kv import cache_from_layers
-from ragsnap.runtime.likelihood import mean_lift
+from ragsnap.runtime.likelihood import mean_lift, span_lifts
 from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.loading.models import LoadedModel
 from ragsnap.runtime.prefill import PrefillResult
@@ -371,6 +371,17 @@ class ModelRuntime:
         ``alone`` (two short passes, see ``runtime.likelihood``)."""
         pad = self.tokenizer.pad_token_id or 0
         return mean_lift(self.model, given, alone, targets, pad)
+
+    def likelihood_spans(
+        self,
+        given: Sequence[int],
+        alone: Sequence[int],
+        spans: Sequence[tuple[tuple[int, int], tuple[int, int]]],
+    ) -> torch.Tensor:
+        """Mean per-token log-prob ``[k]`` of each span of ``given`` minus the same
+        tokens' in ``alone`` (one short pass, see ``runtime.likelihood.span_lifts``)."""
+        pad = self.tokenizer.pad_token_id or 0
+        return span_lifts(self.model, given, alone, spans, pad)
 
     def answer_attention(
         self, prefill: PrefillResult, tokens: Sequence[int], layers: Sequence[int] | None = None
