@@ -61,11 +61,20 @@ def test_ask_caches_and_the_cache_commands_see_it(reuse_model, tmp_path: Path, c
     other = run(capsys, *ask, "--namespace", "other", "--no-prefix-cache")
     assert other["stats"]["cache"] == "miss"
     stats = run(capsys, "cache", "stats", "--cache", url, "--json")
-    assert stats["backend"] == "file" and stats["entries"] == 3  # kv + prefix, kv in "other"
+    # kv and the document set's seen marker (its prefix is written once the set recurs),
+    # kv in "other"
+    assert stats["backend"] == "file" and stats["entries"] == 3
     assert run(capsys, "cache", "stats", "--namespace", "other", "--json")["entries"] == 1
     assert main(["cache", "clear", "--namespace", "other"]) == 0
     assert "removed 1 entries" in capsys.readouterr().out
     assert run(capsys, "cache", "stats", "--json")["entries"] == 2
+    # a new question over the same document, in new processes: the set recurs, so this
+    # miss writes its prefix entry, which the next question's process finds
+    asked = [*ask[:2], "Why do tides happen?", *ask[3:]]
+    assert run(capsys, *asked)["stats"]["cache"] == "miss"
+    asked[2] = "What pulls on the oceans?"
+    assert run(capsys, *asked)["stats"]["cache"] == "prefix-hit"
+    assert run(capsys, "cache", "stats", "--json")["entries"] == 5  # + 2 kv, + the prefix
 
 
 def test_bad_cache_url_is_one_clear_line(capsys, tmp_path: Path):

@@ -237,9 +237,12 @@ def test_a_miss_stores_its_entries_after_its_answer_and_outside_prefills(
     from ragsnap.cache import open_store
     from ragsnap.engine.engine import RagSnapEngine
 
-    # the compressed and prefix entries only (no per-document pieces, on by default)
+    # the compressed and prefix entries only (no per-document pieces), every prefix written
     engine = RagSnapEngine(
-        engine_tiny.loaded, store=open_store(f"file://{tmp_path}"), document_cache=False
+        engine_tiny.loaded,
+        store=open_store(f"file://{tmp_path}"),
+        document_cache=False,
+        prefix_store="always",
     )
     engine.runtime.stop_ids.clear()
     first, second = requests_for_tiny_engine()[:2]
@@ -331,7 +334,8 @@ def test_prefix_hits_waiting_together_are_finished_together(engine_tiny, tmp_pat
     from ragsnap.engine.engine import RagSnapEngine
 
     def engine_on(folder):
-        engine = RagSnapEngine(engine_tiny.loaded, store=open_store(f"file://{folder}"))
+        store = open_store(f"file://{folder}")
+        engine = RagSnapEngine(engine_tiny.loaded, store=store, prefix_store="always")
         engine.runtime.stop_ids.clear()
         return engine
 

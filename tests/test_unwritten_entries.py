@@ -41,9 +41,14 @@ def engine_tiny() -> RagSnapEngine:
 
 def _engine(engine_tiny, tmp_path, storage_dtype="auto") -> RagSnapEngine:
     store = open_store(f"file://{tmp_path}")
-    # the entries counted here are the compressed and prefix ones: no per-document pieces
+    # the entries counted here are the compressed and prefix ones: no per-document pieces,
+    # and every prefix written (not only a recurring document set's)
     engine = RagSnapEngine(
-        engine_tiny.loaded, store=store, storage_dtype=storage_dtype, document_cache=False
+        engine_tiny.loaded,
+        store=store,
+        storage_dtype=storage_dtype,
+        document_cache=False,
+        prefix_store="always",
     )
     engine.runtime.stop_ids.clear()
     return engine

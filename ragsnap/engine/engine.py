@@ -75,6 +75,7 @@ class RagSnapEngine:
                 loaded,
                 store,
                 prefix_cache=config.prefix_cache,
+                prefix_store=config.prefix_store,
                 storage_dtype=dtype,
                 document_cache=config.document_cache,
                 recompute_share=config.recompute_share,

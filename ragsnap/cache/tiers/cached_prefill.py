@@ -71,7 +71,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FLIGHT_WAIT_S = 600.0
-# document prefixes remembered as seen by query-aware prefill (keys only, oldest dropped)
+# a document set's prefix computed once, recorded in the store (see CachedPrefill._recurs)
+KIND_SEEN = "seen"
+# document prefixes remembered as seen (keys only, oldest dropped)
 SEEN_PREFIXES = 4096
 # document prefixes kept in memory: ten 2K-token prompts of the embedded model in float32
 DEFAULT_PREFIX_MEMORY_BYTES = 1 << 30
@@ -79,6 +81,14 @@ DEFAULT_PREFIX_MEMORY_BYTES = 1 << 30
 DEFAULT_UNWRITTEN_BYTES = 256 << 20
 # compressed entries kept in memory once read or written: twenty of the same
 DEFAULT_HIT_MEMORY_BYTES = 256 << 20
+
+
+def _remember(seen: OrderedDict[EntryKey, None], key: EntryKey) -> None:
+    """Record ``key`` as the most recent of ``seen`` (the oldest past ``SEEN_PREFIXES`` go)."""
+    seen[key] = None
+    seen.move_to_end(key)
+    while len(seen) > SEEN_PREFIXES:
+        seen.popitem(last=False)
 
 
 class PrefillRunner(DocumentRunner, Protocol):
@@ -137,6 +147,7 @@ class CachedPrefill:
         store: KVStore,
         *,
         prefix_cache: bool = True,
+        prefix_store: str = "recurring",
         storage_dtype: torch.dtype | None = None,
         document_cache: bool = False,
         recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
@@ -145,7 +156,10 @@ class CachedPrefill:
         unwritten_bytes: int = DEFAULT_UNWRITTEN_BYTES,
         hit_memory_bytes: int = DEFAULT_HIT_MEMORY_BYTES,
     ) -> None:
-        """``document_cache`` keeps each document's KV for prompts that combine them anew,
+        """``prefix_store``: when a computed document prefix is written to the store,
+        ``recurring`` (once its document set recurs; the first time it stays in this
+        process's prefix memory only) or ``always``. ``document_cache`` keeps each
+        document's KV for prompts that combine them anew,
         recomputing ``recompute_share`` of their tokens (0: plain concatenation), chosen
         per ``recompute_select`` (see :func:`ragsnap.runtime.blend.blend_prefix`);
         ``prefix_memory_bytes`` of the most recently used document prefixes stay in this
@@ -157,7 +171,10 @@ class CachedPrefill:
         self.runner = runner
         self.loaded = loaded
         self.store = store
+        if prefix_store not in ("recurring", "always"):
+            raise ValueError(f"prefix_store must be recurring or always, got {prefix_store!r}")
         self.prefix_cache = prefix_cache
+        self.prefix_store = prefix_store
         self.storage_dtype = storage_dtype
         self.memory = PrefixMemory(prefix_memory_bytes if prefix_cache else 0)
         self.unwritten = UnwrittenEntries(unwritten_bytes)
@@ -167,8 +184,10 @@ class CachedPrefill:
             if document_cache
             else None
         )
-        # document prefixes a query-aware prefill served once (see _compute)
+        # document prefixes computed here before (see _first_sight and _recurs)
         self.seen_prefixes: OrderedDict[EntryKey, None] = OrderedDict()
+        # prefixes held in the prefix memory and not written (prefix_store "recurring")
+        self.memory_only: OrderedDict[EntryKey, None] = OrderedDict()
         # the layout each document set was first given (the "stable" document order)
         self.orders = RecordedOrders(store)
 
@@ -478,9 +497,11 @@ class CachedPrefill:
             prefix = self.runner.prefill_full(layout.input_ids[: layout.prefix_len], on_chunk)
             prefix_s, prefix_tokens = time.perf_counter() - prefix_started, layout.prefix_len
             if store and self.prefix_cache:
-                self.memory.put(pkey, self._as_stored(prefix))
-                report.pending.append((pkey, self._prefix_payload(prefix, layout)))
-                report.bytes_written += self._stored_bytes(prefix)
+                kept = self.memory.put(pkey, self._as_stored(prefix))
+                if self._recurs(pkey) or self.prefix_store == "always" or not kept:
+                    self._write_prefix(pkey, prefix, layout, report)
+                else:  # seen once: the memory serves it, written if the set recurs
+                    _remember(self.memory_only, pkey)
         with torch.inference_mode():
             cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
         result = self.runner.prefill(
@@ -501,13 +522,31 @@ class CachedPrefill:
         here (then it is remembered: the next time is a recurrence)."""
         if propagation_of(press) is None or not press.window_only:
             return False
+        return not self._recurs(pkey)
+
+    def _recurs(self, pkey: EntryKey) -> bool:
+        """Whether ``pkey``'s document set was computed before, here or by any process of
+        this store (a small marker entry records it there; a store error counts as not)."""
         if pkey in self.seen_prefixes:
-            self.seen_prefixes.move_to_end(pkey)
-            return False
-        self.seen_prefixes[pkey] = None
-        while len(self.seen_prefixes) > SEEN_PREFIXES:
-            self.seen_prefixes.popitem(last=False)
-        return True
+            _remember(self.seen_prefixes, pkey)
+            return True
+        _remember(self.seen_prefixes, pkey)
+        marker = EntryKey(pkey.namespace, KIND_SEEN, pkey.digest)
+        try:
+            if self.store.get(marker) is not None:
+                return True
+            self.store.put(marker, b"seen")
+        except Exception:  # a marker must never fail a request
+            logger.warning("could not record %s as seen", pkey.label, exc_info=True)
+        return False
+
+    def _write_prefix(
+        self, pkey: EntryKey, prefix: Layers, layout: PromptLayout, report: CacheReport
+    ) -> None:
+        """Leave ``prefix``'s entry for the store thread to write after the answer."""
+        self.memory_only.pop(pkey, None)
+        report.pending.append((pkey, self._prefix_payload(prefix, layout)))
+        report.bytes_written += self._stored_bytes(prefix)
 
     def _prefix_payload(self, prefix: Layers, layout: PromptLayout) -> Callable[[], bytes]:
         loaded = self.loaded
@@ -548,6 +587,8 @@ class CachedPrefill:
         kept = self.memory.get(key)
         if kept is not None:
             report.load_s += time.perf_counter() - started
+            if key in self.memory_only:  # its document set recurs: now it is written
+                self._write_prefix(key, kept, layout, report)
             return kept
         payload = self.read_entry(key, report)
         if payload is None:

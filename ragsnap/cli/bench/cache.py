@@ -144,9 +144,15 @@ def run(args: argparse.Namespace) -> int:
     scratch = None if args.cache else tempfile.TemporaryDirectory(prefix="ragsnap-bench-cache-")
     store = open_store(args.cache or f"file://{scratch.name}")  # type: ignore[union-attr]
     # every hit reads the store: its entries are what this bench measures, not a loaded copy
+    # (and the miss writes its prefix entry, which it measures too)
     stored_as = str(storage_dtype).removeprefix("torch.") if storage_dtype else "auto"
     engine = RagSnapEngine(
-        base.loaded, store, base.config, storage_dtype=stored_as, hit_memory_mb=0
+        base.loaded,
+        store,
+        base.config,
+        storage_dtype=stored_as,
+        hit_memory_mb=0,
+        prefix_store="always",
     )
     if engine.tiers is None:
         raise ConfigError("bench cache needs a store, not 'none'", field="cache")
