@@ -4,10 +4,11 @@ A sentence copied from a document its quote backs perfectly, yet it may answer n
 with the answer's documents gone, a model copies a sentence of whatever document is left.
 Two cheap signs, read from words alone:
 
-- the *coverage* of the question by texts (the key sentence's quotes, the documents cited
-  for it, the answer itself): the share of the question's claims (its numbers, names and
-  content words, :mod:`ragsnap.citations.claims`) those texts hold. A document about
-  something else holds few of the question's names;
+- the *coverage* of the question by the documents the answer cites: the share of the
+  question's numbers and names (:mod:`ragsnap.citations.claims`) their titles and texts
+  hold (:func:`answer_coverage`, the rule's feature; :func:`coverage` takes any texts and
+  kinds, for measuring others). A document about something else holds few of the names
+  the question asks about;
 - whether the key sentence's *missing* claims (what no quote backs) are plain words only
   or include a number, a date or a name: a likelihood rescue is allowed only for the
   former (a quote's vocabulary makes fluent text likelier whether or not an invented
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from ragsnap.citations.claims import claim_keys, claims
 from ragsnap.citations.model import Citation
 from ragsnap.citations.sentences import Sentence
+from ragsnap.prompt.documents import Document
 
 HARD_KINDS = frozenset({"number", "entity"})
 
@@ -62,3 +64,14 @@ def cited_documents(sentence: Sentence, citations: Sequence[Citation]) -> list[i
         if (sentence.start, sentence.end) in citation.spans and citation.index not in out:
             out.append(citation.index)
     return out
+
+
+def answer_coverage(
+    question: str, citations: Sequence[Citation], documents: Sequence[Document]
+) -> float:
+    """The share of the numbers and names of ``question`` that the documents the answer
+    cites hold (titles and texts; ``documents`` in the prompt's order, as citations count
+    them); 1.0 when the question names none, 0.0 when nothing is cited."""
+    cited = {c.index for c in citations if 0 < c.index <= len(documents)}
+    texts = [t for i in sorted(cited) for t in (documents[i - 1].title, documents[i - 1].text)]
+    return coverage(question, texts, HARD_KINDS)

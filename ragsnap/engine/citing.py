@@ -22,7 +22,7 @@ from ragsnap.citations.lift import (
     support_features,
 )
 from ragsnap.citations.markers import MarkerConstraint, marker_candidates, vocabulary_texts
-from ragsnap.citations.relevance import cited_documents, coverage, plain_missing
+from ragsnap.citations.relevance import answer_coverage, plain_missing
 from ragsnap.citations.sentences import Sentence
 from ragsnap.citations.support import SupportRule
 from ragsnap.citations.verdict import grounding, judge
@@ -126,21 +126,18 @@ class AnswerCiting:
         gate: bool = True,
     ) -> KeyEvidence:
         """The answer's key sentence, whether what no quote backs in it is plain words,
-        the question's coverage by the ``documents`` cited for it (the prompt's order, as
-        citations count them; 1.0 without documents), and the lifts: the key sentence's
+        the question's coverage by the ``documents`` the answer cites (the prompt's order,
+        as citations count them; 1.0 without documents), and the lifts: the key sentence's
         and, when the rule reads it, the question's given its quotes, both rows in one
         short pass. The pass is skipped (lifts 0.0) when the lexical features already
         decide the rule (``gate``); lifts None without a key sentence or a quote cited
         for it."""
+        covered = answer_coverage(question, citations, documents) if documents else 1.0
         key = key_sentence(answer, question)
         if key is None:
-            return KeyEvidence(None, None)
+            return KeyEvidence(None, None, True, covered)
         quotes = sentence_quotes(key, citations)
         plain = plain_missing(key, citations)
-        cited = [documents[i - 1] for i in cited_documents(key, citations) if i <= len(documents)]
-        covered = (
-            coverage(question, [t for d in cited for t in (d.title, d.text)]) if documents else 1.0
-        )
         if not quotes:
             return KeyEvidence(key, None, plain, covered)
         rule = self.lift_rule
