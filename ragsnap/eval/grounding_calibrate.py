@@ -2,17 +2,21 @@
 
 Reads the rows ``ragsnap.eval.grounding_eval --skip 50 --rows FILE`` writes (items the
 evaluation does not use) and fits :class:`ragsnap.citations.lift.LiftRule`: a logistic
-rule over the lexical share, whether the key sentence is supported and its clipped
-likelihood lift. Positives are right answers to answerable items (they should be
-grounded), negatives answers to unanswerable items (they should not); answerable items
-answered wrong are left out (containment cannot tell a wrong answer from a paraphrase).
-The classes are weighted equally; the bias is then the one that maximizes the share of
-positives grounded plus the share of negatives not grounded (Youden's J), among those
-that keep at least ``--right-grounded`` of the positives grounded.
+rule over the lexical share, whether the key sentence is supported, its clipped
+likelihood lift and, per variant (:data:`VARIANTS`), the question's coverage by the
+cited documents (``--coverage-field`` names the row's variant) and the question's lift,
+with or without the rescue limited to plain words (``plain_only``). Positives are right
+answers to answerable items (they should be grounded), negatives answers to unanswerable
+items (they should not); answerable items answered wrong are left out (containment
+cannot tell a wrong answer from a paraphrase). The classes are weighted equally; the
+bias is then the one that meets both floors (``--right-grounded``, ``--unanswerable``)
+with the widest margin, or when none does the best Youden's J among those that keep
+``--right-grounded`` of the positives grounded. It also prints how well each feature
+alone separates the two (AUC).
 
-``python -m ragsnap.eval.grounding_calibrate ROWS.json [ROWS.json ...] [--out PROFILE]``
-prints the fitted rule and each candidate's rates on the rows; ``--out`` writes the
-profile (``ragsnap/citations/profiles/<fingerprint>.json``).
+``python -m ragsnap.eval.grounding_calibrate ROWS.json [ROWS.json ...] [--ship VARIANT]
+[--out PROFILE]`` prints every variant's rule and rates on the rows; ``--out`` writes the
+``--ship`` variant's profile (``ragsnap/citations/profiles/<fingerprint>.json``).
 """
 
 from __future__ import annotations
