@@ -8,9 +8,8 @@ KL also as a ratio to the first variant's (put plain concatenation, share 0, fir
 
 A variant is a JSON object: ``share``, ``select`` (a ``recompute_select``), and optional
 overrides of module constants for the run: ``lead`` (``blend.LEAD_TOKENS``), ``blocks``
-(recompute passes), ``scattered`` (``blend.SCATTERED_ON_CPU``: false runs the masked
-passes), ``early`` (``blend_select.EARLY_PROBE_LAYERS``) and ``pool`` (max-pool the question
-scores over this many neighbouring positions).
+(recompute passes), ``early`` (``blend_select.EARLY_PROBE_LAYERS``) and ``pool`` (max-pool
+the question scores over this many neighbouring positions).
 
     .venv/bin/python scripts/reuse_selection.py --items 6 --skip 60 \\
       '[{"name": "concat", "share": 0}, {"name": "q15", "share": 0.15, "select": "question"}]'
@@ -136,7 +135,6 @@ def _configure(
     blend.LEAD_TOKENS = v.get("lead", lead)
     passes = int(v.get("blocks", blend.RECOMPUTE_BLOCKS))
     blend.recompute_blocks = lambda at: blocks(at, passes)
-    blend.SCATTERED_ON_CPU = bool(v.get("scattered", True))
     blend_select.EARLY_PROBE_LAYERS = v.get("early", early)
     pool = int(v.get("pool", 0))
     blend.question_attention, blend.early_question_attention = (

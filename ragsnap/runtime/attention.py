@@ -25,7 +25,6 @@ import torch.nn.functional as F
 
 from ragsnap.runtime.causal_sdpa import causal_chunk_sdpa, causal_offset
 from ragsnap.runtime.loading.bf16_matmuls import BF16_MATMULS, bf16_matmuls, medium_allowed
-from ragsnap.runtime.scattered_sdpa import positions_mask, scattered_causal_sdpa
 
 
 @dataclass(frozen=True)
@@ -39,10 +38,6 @@ class StepMask:
 
     mask: torch.Tensor
     widths: tuple[int, ...]
-    # one row of queries at these strictly increasing positions (``[q]`` long), each
-    # seeing the keys at or before its position: on a CPU they attend without computing
-    # the hidden products (:mod:`.scattered_sdpa`) and ``mask`` is not read
-    positions: torch.Tensor | None = None
 
 
 _ACTIVE_MASKS: ContextVar[Mapping[int, StepMask] | None] = ContextVar(
@@ -267,12 +262,6 @@ def install_runtime_attention(model: Any) -> str:
                     **kwargs,
                 )
             observer = _OBSERVER.get()
-            if mask.positions is not None and query.device.type == "cpu":
-                if observer is not None:
-                    shown = positions_mask(mask.positions, key.shape[2], query.dtype)
-                    observer(module.layer_idx, attention_probs(query, key, shown, scaling))
-                out = scattered_causal_sdpa(query, key, value, mask.positions, scaling)
-                return out.transpose(1, 2).contiguous(), None
             if observer is not None:
                 observer(module.layer_idx, attention_probs(query, key, mask.mask, scaling))
             return masked_sdpa(query, key, value, mask.mask, scaling, mask.widths), None

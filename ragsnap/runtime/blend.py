@@ -30,7 +30,6 @@ from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_from_layers
 from ragsnap.runtime.prefill import forward_chunk
 from ragsnap.runtime.reencode import reencode_support, shift_layers
-from ragsnap.runtime.scattered_sdpa import positions_mask
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # the layer whose fresh-vs-reused KV deviation ranks tokens (CacheBlend uses the first
@@ -198,15 +197,11 @@ def _scatter_layer_class() -> type:
     return ScatterLayer
 
 
-# off a CPU the recompute runs in position order in at most this many passes of at least
+# the recompute runs in position order in at most this many passes of at least
 # BLOCK_MIN tokens: a pass's queries read keys only up to its last position, so the
 # attention work falls from n x P towards n x P / 2, for one weight read per extra pass
 RECOMPUTE_BLOCKS = 4
 BLOCK_MIN = 128
-# on a CPU it runs in one pass whose queries skip the keys after them without a mask
-# (ragsnap.runtime.scattered_sdpa): the attention work falls towards n x P / 2 with one
-# weight read (issue 44, docs/results.md session 25); False: the masked passes everywhere
-SCATTERED_ON_CPU = True
 
 
 def recompute_blocks(at: Sequence[int], blocks: int = RECOMPUTE_BLOCKS) -> list[list[int]]:
@@ -223,23 +218,20 @@ def recompute(
 ) -> None:
     """Rerun the tokens at positions ``at`` (sorted) through every layer on ``layers``
     (``[1, Hkv, P, D]``, changed in place): each sees every key at or before its position,
-    the recomputed ones included. On a CPU (``SCATTERED_ON_CPU``) one pass whose attention
-    skips the hidden keys; elsewhere :func:`recompute_blocks` masked passes in position
-    order, which give what one pass would: a token never sees a later one."""
+    the recomputed ones included. Runs in :func:`recompute_blocks` passes in position
+    order, which gives what one pass would: a token never sees a later one."""
     from transformers import DynamicCache
 
     device = layers[0][0].device
-    scattered = SCATTERED_ON_CPU and device.type == "cpu"
-    for block in [list(at)] if scattered else recompute_blocks(at):
+    for block in recompute_blocks(at):
         index = torch.tensor(block, device=device)
         limit = block[-1] + 1
         cache = DynamicCache()
         cache.layers = [_scatter_layer_class()(k, v, index, limit) for k, v in layers]
-        if scattered:  # the positions say what each query sees; the mask is not read
-            mask = layers[0][0].new_zeros((1, 1, 1, 1)).expand(1, 1, len(block), limit)
-            step = StepMask(mask, (limit,), index)
-        else:
-            step = StepMask(positions_mask(index, limit, layers[0][0].dtype), (limit,))
+        visible = torch.arange(limit, device=device).view(1, -1) <= index.view(-1, 1)  # [q, L]
+        mask = torch.zeros(visible.shape, dtype=layers[0][0].dtype, device=device)
+        mask = mask.masked_fill_(~visible, float("-inf")).view(1, 1, len(block), limit)
+        step = StepMask(mask, (limit,))
         with step_masks(dict.fromkeys(range(len(layers)), step)):
             model(
                 input_ids=torch.tensor([[ids[p] for p in block]], device=device),
