@@ -9,7 +9,7 @@ from ragsnap.runtime.forward import BatchedKV, forward_rows
 from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.loading.cpu_linears import can_pack_half, pack_linears
 from tests.test_runtime import tiny_prefills
-from tests.tiny_models import ARCHITECTURES, tiny_engine
+from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_engine
 
 LEAN = ("llama", "mistral", "qwen2")
 
@@ -88,3 +88,57 @@ def test_decoding_rows_with_and_without_the_lean_pass_gives_the_same_tokens() ->
     assert lean is not None
     assert answers(lean) == answers(None)
     assert [len(t) for t in answers(lean)] == [g.max_new_tokens for _, g in requests]
+
+
+@pytest.mark.parametrize("arch", LEAN)
+def test_a_prompt_chunk_riding_a_decode_step_changes_neither(arch) -> None:
+    """A decode step that computes a prefill chunk in its pass (issue 42) gives the rows the
+    tokens they get alone, and the prompt the cache and logits of a plain chunked prefill."""
+    from transformers import DynamicCache
+
+    from ragsnap.compression import make_press
+    from ragsnap.runtime.llama_pass import ChunkFeed
+    from ragsnap.runtime.prefill import prefill
+
+    engine = tiny_engine(arch)
+    model, kwarg = engine.loaded.model, engine.loaded.cache_kwarg
+    prompt = random_prompt(90, seed=3)
+    press = make_press("snapkv", budget=24, window=8)
+
+    def run(riding: bool):
+        batch = engine.runtime.decode_batch(set())
+        rows = [batch.add(i, p, g) for i, (p, g) in enumerate(tiny_prefills(engine))]
+        rode: list[bool] = []
+
+        class Between:  # the scheduler's on_chunk: a decode step per chunk
+            def __call__(self) -> None:
+                if not riding:
+                    batch.step()
+
+            def ride(self, ids, cache, begin) -> bool:
+                if not riding:
+                    return False
+                feed = ChunkFeed(ids, cache, begin)
+                batch.step(feed)
+                rode.append(feed.done)
+                return feed.done
+
+        [result] = prefill(
+            model,
+            kwarg,
+            prompt,
+            press,
+            cache=DynamicCache(config=model.config),
+            chunk=32,
+            on_chunk=Between(),
+        )
+        return result, [list(r.tokens) for r in rows], rode
+
+    plain, plain_tokens, _ = run(False)
+    fused, fused_tokens, rode = run(True)
+    assert rode == [True, True]  # 90 tokens in chunks of 32: two ride, the last runs alone
+    assert fused_tokens == plain_tokens and all(len(t) == 2 for t in plain_tokens)
+    torch.testing.assert_close(fused.next_logits, plain.next_logits, atol=1e-5, rtol=1e-5)
+    for (k1, v1), (k2, v2) in zip(plain.layers, fused.layers, strict=True):
+        torch.testing.assert_close(k2, k1, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v2, v1, atol=1e-5, rtol=1e-5)

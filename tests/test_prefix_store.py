@@ -47,7 +47,11 @@ def test_a_set_seen_once_stays_in_memory_and_is_written_when_it_recurs(loaded, t
     engine = engine_on(loaded, tmp_path)
     assert ask(engine, words(40, 4)) == "miss"
     # the compressed entry and the set's marker: the prefix itself is in memory only
-    assert (stored(tmp_path, "kv"), stored(tmp_path, "prefix"), stored(tmp_path, "seen")) == (1, 0, 1)
+    assert (stored(tmp_path, "kv"), stored(tmp_path, "prefix"), stored(tmp_path, "seen")) == (
+        1,
+        0,
+        1,
+    )
     assert ask(engine, words(44, 4)) == "prefix-hit"  # a new question: from memory ...
     assert stored(tmp_path, "prefix") == 1  # ... and now the prefix entry is written
     # another process (a fresh engine on the same store) finds the prefix there

@@ -261,8 +261,8 @@ def test_a_miss_stores_its_entries_after_its_answer_and_outside_prefills(
         hold = chunk if question == second.question else on_chunk
         return real(question, documents, options, namespace, on_chunk=hold, layout=layout)
 
-    def entries() -> int:
-        return sum(1 for _ in tmp_path.rglob("*.kv"))
+    def entries() -> int:  # compressed and prefix entries (not the document set's marker)
+        return sum(1 for p in tmp_path.rglob("*.kv") if p.name.split("-")[0] in ("kv", "prefix"))
 
     monkeypatch.setattr(engine, "prepare", prepare)
     scheduler.start()
@@ -288,7 +288,12 @@ def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
 ) -> None:
     import torch
 
-    seen: dict[str, set[int]] = {"prefill": set(), "decode": set(), "finish": set()}
+    seen: dict[str, set[int]] = {
+        "prefill": set(),
+        "decode": set(),
+        "riding": set(),
+        "finish": set(),
+    }
     assert Scheduler(engine_tiny).decode_threads == torch.get_num_threads()  # by default
     scheduler = Scheduler(
         engine_tiny, step_tokens=48, idle_chunk=32, prefill_threads=3, decode_threads=2
@@ -304,9 +309,9 @@ def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
         seen["prefill"].add(torch.get_num_threads())
         return real_prefill(*args, **kwargs)
 
-    def step():
-        seen["decode"].add(torch.get_num_threads())
-        return real_step()
+    def step(chunk=None):  # a step carrying a prefill chunk runs on the prefill's threads
+        seen["decode" if chunk is None else "riding"].add(torch.get_num_threads())
+        return real_step(chunk)
 
     monkeypatch.setattr(engine_tiny.runtime, "prefill", prefill)
     monkeypatch.setattr(scheduler.batch, "step", step)
@@ -321,7 +326,7 @@ def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
     scheduler.stop()
     # the finishing thread computes on one thread (one OpenMP team beside the loop's),
     # whatever the loop's counts are while it starts
-    assert seen == {"prefill": {3}, "decode": {2}, "finish": {1}}
+    assert seen == {"prefill": {3}, "decode": {2}, "riding": {3}, "finish": {1}}
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="prefill_threads"):
         Scheduler(engine_tiny, prefill_threads=0)
@@ -452,9 +457,9 @@ def test_admission_by_kv_memory_bounds_what_runs_and_refuses_what_never_fits(eng
         seen: list[tuple[int, int]] = []  # (KV bytes in use, rows) at every decode step
         step = scheduler.batch.step
 
-        def recording():
+        def recording(chunk=None):
             seen.append((scheduler.kv_bytes_in_use(), len(scheduler._running)))
-            return step()
+            return step(chunk)
 
         scheduler.batch.step = recording  # type: ignore[method-assign]
         requests = [*requests_for_tiny_engine(), *extra]
@@ -501,7 +506,9 @@ def test_the_in_memory_tiers_live_inside_the_kv_memory(engine_tiny, tmp_path):
     ]
     budget = 8 * max(needs)  # the tiers' quarter holds a few prefixes and entries
     engine = engine_on(tmp_path / "bounded")
-    scheduler = Scheduler(engine, max_batch=8, step_tokens=48, idle_chunk=32, kv_memory_bytes=budget)
+    scheduler = Scheduler(
+        engine, max_batch=8, step_tokens=48, idle_chunk=32, kv_memory_bytes=budget
+    )
     tiers = engine.tiers
     cut = [tier.max_bytes for tier in (tiers.memory, tiers.unwritten, tiers.hits)]
     assert scheduler.tier_memory_bytes == sum(cut) <= TIER_SHARE * budget
@@ -512,9 +519,9 @@ def test_the_in_memory_tiers_live_inside_the_kv_memory(engine_tiny, tmp_path):
     held: list[tuple[int, int]] = []  # (requests' KV, tiers') at every decode step
     step = scheduler.batch.step
 
-    def recording():
+    def recording(chunk=None):
         held.append((scheduler.kv_bytes_in_use(), scheduler.tier_bytes_in_use()))
-        return step()
+        return step(chunk)
 
     scheduler.batch.step = recording  # type: ignore[method-assign]
     scheduler.start()
@@ -531,6 +538,7 @@ def test_the_in_memory_tiers_live_inside_the_kv_memory(engine_tiny, tmp_path):
     assert 0 < max(tier for _, tier in held) <= scheduler.tier_memory_bytes  # used, within
     assert max(requests + tier for requests, tier in held) <= budget
     assert [r.done.answer for r in rounds[1]] == [r.done.answer for r in rounds[0]]
+
     def cache(request):
         return next(e.cache for e in request.events if isinstance(e, MetaEvent))
 

@@ -139,7 +139,9 @@ class Settings(EngineConfig):
     # both cores) came 1.46x as fast as with 128 and their median first token 1.9x as soon
     # (bench peer); streams next to a prefill get their tokens in bursts (one per chunk).
     # 128 keeps streams smooth: their p95 token gap widened 3.3x, against 7.1x at 256
-    # (bench batch --gap-chunks)
+    # (bench batch --gap-chunks). Where chunks ride the decode pass (lean Llama pass, CPU),
+    # 256 prefilled 2.3K tokens beside 8 rows in 2.38 s against 2.33 s at 512, with half
+    # the token gaps (241 against 484 ms p50; one thread, shared 2-core AMX Xeon)
     step_tokens: int = Field(
         default=512,
         ge=32,

@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ragsnap.engine.engine import (
     AnswerOptions,
@@ -53,6 +53,7 @@ from ragsnap.errors import KVMemoryError
 from ragsnap.prompt.assembly import PromptLayout
 from ragsnap.prompt.documents import Document
 from ragsnap.runtime.decode import DecodeRow
+from ragsnap.runtime.llama_pass import ChunkFeed
 from ragsnap.runtime.threads import one_torch_thread, torch_threads
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,19 @@ class StepStats:
     on_step: Callable[[int, float], None] | None = field(default=None, repr=False)
     # (prefix hits finished together, seconds they waited for companions)
     on_group: Callable[[int, float], None] | None = field(default=None, repr=False)
+
+
+@dataclass
+class _BetweenChunks:
+    """A prefill's ``on_chunk`` (see :class:`~ragsnap.runtime.prefill.ChunkRider`): ``step``
+    between its chunks, and ``ride``, which computes a chunk in the running rows' decode
+    pass when the batch allows."""
+
+    step: Callable[[], None]
+    ride: Callable[[Sequence[int], Any, int], bool]
+
+    def __call__(self) -> None:
+        self.step()
 
 
 class Scheduler:
@@ -401,16 +415,31 @@ class Scheduler:
         self.engine.runtime.chunk = chunk
         left = [len(layout.input_ids), len(layout.input_ids)]  # tokens to go, tokens to let by
 
-        def between_chunks() -> None:
+        rode = [False]  # whether the last chunk was computed in a decode step's pass
+
+        def ride(ids: Sequence[int], cache: Any, begin: int) -> bool:
             if request.is_cancelled():
                 raise Cancelled
-            if self._running:
+            if not self._running:
+                return False
+            feed = ChunkFeed(ids, cache, begin)
+            self._decode_step(feed)  # on the prefill's threads: the chunk is most of the work
+            rode[0] = feed.done
+            return feed.done
+
+        def step() -> None:
+            if request.is_cancelled():
+                raise Cancelled
+            if self._running and not rode[0]:
                 with torch_threads(self.decode_threads):
                     self._decode_step()
+            rode[0] = False
             left[0] -= chunk
             if first:
                 self._shorter_first(left)
                 self.engine.runtime.chunk = chunk
+
+        between_chunks = _BetweenChunks(step, ride)
 
         self._prefill_kv.append(self.kv_need(request, layout))
         try:
@@ -578,18 +607,22 @@ class Scheduler:
             request, prepared, row, TextStream(self.engine.tokenizer), kv_bytes=kv_bytes
         )
 
-    def _decode_step(self) -> None:
+    def _decode_step(self, chunk: ChunkFeed | None = None) -> None:
+        """One decode step of the running rows (``chunk``: a prefill chunk computed in the
+        same pass where the batch can; see :meth:`DecodeBatch.step`)."""
         for key, running in self._running.items():
             if running.request.is_cancelled():
                 self.batch.cancel(key)
         try:
-            outputs = self.batch.step()
+            outputs = self.batch.step(chunk)
         except Exception as exc:  # the batch is unusable: every row fails, the loop goes on
             logger.exception("decode step failed")
             failed, self._running = list(self._running.values()), {}
             self.batch = self.engine.runtime.decode_batch()
             for running in failed:
                 running.request.fail(exc)
+            if chunk is not None:  # the prompt's cache may hold part of the chunk: it fails too
+                raise
             return
         rows = len({out.key for out in outputs})  # a row may give several tokens (drafts)
         self.stats.batch_size, self.stats.step_s = rows, self.batch.last_step_s

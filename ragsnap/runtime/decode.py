@@ -42,7 +42,8 @@ from ragsnap.runtime.attention import observe_attention
 from ragsnap.runtime.drafts import Drafts
 from ragsnap.runtime.forward import BatchedKV, forward_lanes, forward_rows
 from ragsnap.runtime.generation import GenerationConfig, TokenSampler
-from ragsnap.runtime.llama_pass import LlamaPass
+from ragsnap.runtime.llama_pass import ChunkFeed, LlamaPass
+from ragsnap.runtime.loading.bf16_matmuls import BF16_MATMULS
 from ragsnap.runtime.prefill import PrefillResult
 
 # spare cache entries a new row reserves per layer; a longer answer grows its buffers
@@ -228,9 +229,23 @@ class DecodeBatch:
         """Row ``key`` leaves at the next step (its last output has reason ``cancelled``)."""
         self._cancelled.add(key)
 
-    def step(self) -> list[StepOutput]:
+    def rides(self) -> bool:
+        """Whether a prompt chunk can be computed in this batch's next step
+        (:meth:`step`): a lean pass on the CPU, with no row recording its attention and
+        no attention layer rounding document products to bfloat16 (``medium``)."""
+        if self.lean is None or not self.lanes or any(r.votes is not None for r in self.rows):
+            return False
+        if next(self.model.parameters()).device.type != "cpu":
+            return False
+        return not any(
+            getattr(layer.self_attn, BF16_MATMULS, False) for layer in self.model.model.layers
+        )
+
+    def step(self, chunk: ChunkFeed | None = None) -> list[StepOutput]:
         """Pick every row's next token, retire finished rows, run one model call for the rest
-        (with each speculating row's draft after its token), then keep what it confirms."""
+        (with each speculating row's draft after its token), then keep what it confirms.
+        ``chunk``: a prompt chunk computed in the same call when :meth:`rides` (then
+        ``chunk.done``; else the caller computes it)."""
         outputs: list[StepOutput] = []
         for row in self.rows:
             token: int | None = None
@@ -255,13 +270,15 @@ class DecodeBatch:
         rows = len(self)
         plans = [(lane, self._drafts(lane.rows, rows)) for lane in self.lanes]
         voting = any(row.votes is not None for row in self.rows)
-        if self.lean is not None and len(plans) > 1 and not voting:
-            # one pass for every lane: the linears read their weights once
+        riding = chunk if chunk is not None and self.rides() else None
+        if self.lean is not None and (len(plans) > 1 or riding) and not voting:
+            # one pass for every lane (and the chunk): the linears read their weights once
             everything = forward_lanes(
                 self.lean,
                 [lane.kv for lane, _ in plans],
                 [self._fed(lane, drafts) for lane, drafts in plans],
                 last=not any(d for _, drafts in plans for d in drafts),
+                chunk=riding,
             )
             for (lane, drafts), logits in zip(plans, everything, strict=True):
                 self._take(lane, drafts, logits, outputs)

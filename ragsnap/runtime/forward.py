@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ragsnap.runtime.attention import StepMask, step_masks
-from ragsnap.runtime.llama_pass import LlamaPass
+from ragsnap.runtime.llama_pass import ChunkFeed, LlamaPass
 
 Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
@@ -360,10 +360,12 @@ def forward_lanes(
     tokens: Sequence[Sequence[Sequence[int]]],
     *,
     last: bool,
+    chunk: ChunkFeed | None = None,
 ) -> list[torch.Tensor]:
     """:func:`forward_rows` of several batches in one lean pass (``tokens[j][r]`` for row
     ``r`` of batch ``j``): the linears read their weights once for every row, each batch
-    attends over its own buffers. Returns, per batch, what :func:`forward_rows` would."""
+    attends over its own buffers; ``chunk``, a prompt chunk computed in the same pass (see
+    :meth:`LlamaPass.lanes`). Returns, per batch, what :func:`forward_rows` would."""
     counts = [[len(t) for t in rows] for rows in tokens]
     if any(len(c) != b.rows or min(c, default=0) < 1 for c, b in zip(counts, batches, strict=True)):
         raise ValueError("every row needs at least one new token")
@@ -376,7 +378,7 @@ def forward_lanes(
     for batch in batches:
         batch.make_room(q_len)
     lanes = [(batch, batch.masks(q_len)) for batch in batches]
-    logits = lean.lanes(lanes, ids, positions.to(device), last_only=last and equal)
+    logits = lean.lanes(lanes, ids, positions.to(device), last_only=last and equal, chunk=chunk)
     out, start = [], 0
     for batch, c in zip(batches, counts, strict=True):
         part = logits[start : start + len(c)]

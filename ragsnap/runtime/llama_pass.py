@@ -21,15 +21,31 @@ to float rounding (tests/test_llama_pass.py).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from ragsnap.runtime.attention import StepMask, masked_sdpa
+from ragsnap.runtime.causal_sdpa import causal_chunk_sdpa
 
 # decoder layer classes whose forward is the one in the module docstring
 LLAMA_LAYERS = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"})
+
+
+@dataclass
+class ChunkFeed:
+    """A chunk of one prompt's prefill computed in a decode step's pass (see
+    :meth:`LlamaPass.lanes`): ``ids`` at positions ``begin ..`` on top of ``cache`` (a
+    transformers cache holding the prompt's first ``begin`` positions), its keys and values
+    appended there. No logits: the chunk is not the prompt's last. ``done`` is set once
+    the pass has computed it."""
+
+    ids: Sequence[int]
+    cache: Any
+    begin: int
+    done: bool = False
 
 
 def llama_pass_for(model: Any) -> LlamaPass | None:
@@ -81,51 +97,83 @@ class LlamaPass:
         ids: torch.Tensor,
         positions: torch.Tensor,
         last_only: bool,
+        chunk: ChunkFeed | None = None,
     ) -> torch.Tensor:
         """:meth:`__call__` over several batches at once: ``ids`` and ``positions`` hold
         their rows one batch after the other (``[B_1 + B_2 + ..., q]``); the linears run
         once over every row, and each batch's rows attend over its own buffers with its own
-        masks. Returns the logits of every row, in that order."""
+        masks. Returns the logits of every row, in that order.
+
+        ``chunk``: a prompt chunk that rides along (CPU only): its tokens go through the
+        same linears, beside the rows' (the weights are read once for both), attend
+        causally over its own cache and are appended there; its logits are not computed.
+        A decode step then costs the prefill little more than its rows' tokens."""
         inner = self.model.model
         b, q_len = ids.shape
+        rows = b * q_len
         d = self.head_dim
         bounds, start = [], 0
         for batch, _ in lanes:
             bounds.append((start, start + batch.rows))
             start += batch.rows
-        hidden = inner.embed_tokens(ids)  # [B, q, H]
-        cos, sin = inner.rotary_emb(hidden, positions)  # [B, q, D]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B, 1, q, D]
+        flat_ids, flat_positions = ids.reshape(-1), positions.reshape(-1)
+        if chunk is not None:
+            span = torch.arange(chunk.begin, chunk.begin + len(chunk.ids), device=ids.device)
+            flat_ids = torch.cat([flat_ids, torch.tensor(list(chunk.ids), device=ids.device)])
+            flat_positions = torch.cat([flat_positions, span])
+        total = flat_ids.shape[0]
+        # every token, the rows' then the chunk's, one after the other: [1, T, H]
+        hidden = inner.embed_tokens(flat_ids.unsqueeze(0))
+        cos, sin = inner.rotary_emb(hidden, flat_positions.unsqueeze(0))  # [1, T, D]
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, D]
         for i, layer in enumerate(inner.layers):
             attention, mlp = layer.self_attn, layer.mlp
             x = _rms_norm(hidden, layer.input_layernorm)
-            query = attention.q_proj(x).view(b, q_len, -1, d).transpose(1, 2)  # [B, Hq, q, D]
-            key = attention.k_proj(x).view(b, q_len, -1, d).transpose(1, 2)  # [B, Hkv, q, D]
-            value = attention.v_proj(x).view(b, q_len, -1, d).transpose(1, 2)
+            query = attention.q_proj(x).view(total, -1, d)  # [T, Hq, D]
+            key = attention.k_proj(x).view(total, -1, d)  # [T, Hkv, D]
+            value = attention.v_proj(x).view(total, -1, d)
             query = query * cos + _rotate_half(query) * sin
             key = key * cos + _rotate_half(key) * sin
+            row_query = query[:rows].view(b, q_len, -1, d).transpose(1, 2)  # [B, Hq, q, D]
+            row_key = key[:rows].view(b, q_len, -1, d).transpose(1, 2)  # [B, Hkv, q, D]
+            row_value = value[:rows].view(b, q_len, -1, d).transpose(1, 2)
             outs = []
             for (batch, masks), (first, end) in zip(lanes, bounds, strict=True):
-                batch.write(i, key[first:end], value[first:end])
+                batch.write(i, row_key[first:end], row_value[first:end])
                 mask = masks[i]
                 width = mask.mask.shape[-1]
                 outs.append(
                     masked_sdpa(
-                        query[first:end],
+                        row_query[first:end],
                         batch.keys[i][:, :, :width],
                         batch.values[i][:, :, :width],
                         mask.mask,
                         self.scaling,
                         mask.widths,
-                    )
-                )  # [B_lane, q, Hq, D]
+                    ).reshape(-1, query.shape[1] * d)
+                )  # [B_lane * q, Hq * D]
+            if chunk is not None:
+                keys, values = chunk.cache.update(_chunk(key, rows), _chunk(value, rows), i)
+                out = causal_chunk_sdpa(
+                    _chunk(query, rows), keys, values, chunk.begin, self.scaling
+                )
+                outs.append(out[0].transpose(0, 1).reshape(-1, query.shape[1] * d))
             out = outs[0] if len(outs) == 1 else torch.cat(outs)
-            hidden = hidden + attention.o_proj(out.view(b, q_len, -1))
+            hidden = hidden + attention.o_proj(out.unsqueeze(0))
             x = _rms_norm(hidden, layer.post_attention_layernorm)
             hidden = hidden + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+        if chunk is not None:
+            chunk.done = True
+        hidden = hidden[0, :rows].view(b, q_len, -1)
         if last_only:
             hidden = hidden[:, -1:]
         return self.model.lm_head(_rms_norm(hidden, inner.norm))
+
+
+def _chunk(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """The chunk's part of ``x`` (``[T, H, D]``, the rows' first ``rows`` tokens) as one
+    prompt's heads: ``[1, H, T - rows, D]``."""
+    return x[rows:].transpose(0, 1).unsqueeze(0)
 
 
 def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:

@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -138,6 +138,23 @@ def forward_chunk(
     return out.logits[:, -1, :]
 
 
+class ChunkRider(Protocol):
+    """An ``on_chunk`` callback that can also compute a chunk itself: ``ride(ids, cache,
+    begin)`` computes ``ids`` at positions ``begin ..`` into ``cache`` in the same pass as
+    other work (the scheduler's decode step, see :class:`~ragsnap.runtime.llama_pass.ChunkFeed`)
+    and says whether it did; ``on_chunk()`` still runs after the chunk."""
+
+    def __call__(self) -> None: ...
+
+    def ride(self, ids: Sequence[int], cache: Any, begin: int) -> bool: ...
+
+
+def _rode(on_chunk: Callable[[], None] | None, ids: Sequence[int], cache: Any, begin: int) -> bool:
+    """Whether ``on_chunk`` computed the chunk itself (see :class:`ChunkRider`)."""
+    ride = getattr(on_chunk, "ride", None)
+    return bool(ride(ids, cache, begin)) if ride is not None else False
+
+
 @torch.inference_mode()
 def draft_queries(
     model: Any,
@@ -215,7 +232,8 @@ def prefill(
     with reserved(cache, length + ahead), split.installed() if split else contextlib.nullcontext():
         for begin, end in zip(starts, starts[1:], strict=False):
             if split is None:
-                forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+                if not _rode(on_chunk, input_ids[begin:end], cache, begin):
+                    forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
             else:
                 split.lower(input_ids[begin:end], cache, begin)
             if on_chunk is not None:
@@ -346,8 +364,10 @@ def prefill_full(
     logits = torch.empty(0)
     with reserved(cache, len(input_ids)):
         for i, (begin, end) in enumerate(zip(starts, [*starts[1:], len(input_ids)], strict=True)):
-            with medium_products():
-                logits = forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
-            if on_chunk is not None and i + 1 < len(starts):
+            last = i + 1 == len(starts)
+            if last or not _rode(on_chunk, input_ids[begin:end], cache, begin):
+                with medium_products():
+                    logits = forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
+            if on_chunk is not None and not last:
                 on_chunk()
     return logits

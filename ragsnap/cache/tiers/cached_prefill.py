@@ -498,7 +498,7 @@ class CachedPrefill:
             prefix_s, prefix_tokens = time.perf_counter() - prefix_started, layout.prefix_len
             if store and self.prefix_cache:
                 kept = self.memory.put(pkey, self._as_stored(prefix))
-                if self._recurs(pkey) or self.prefix_store == "always" or not kept:
+                if self.prefix_store == "always" or not kept or self._recurs(pkey):
                     self._write_prefix(pkey, prefix, layout, report)
                 else:  # seen once: the memory serves it, written if the set recurs
                     _remember(self.memory_only, pkey)

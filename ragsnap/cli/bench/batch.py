@@ -12,6 +12,9 @@ chunks of each size with a decode step between chunks (as the scheduler does); r
 are the p50/p95 gaps between tokens during that prefill against the gaps with nothing
 prefilling, and the prefill's wall time (the new request's first token, steps included).
 
+and the same with each chunk computed in the rows' decode pass instead of beside it
+(``riding``, as the scheduler does where the lean pass allows).
+
 ``--compare-pass`` also times the compressed rows' decode steps with the lean Llama pass
 (:mod:`ragsnap.runtime.llama_pass`) and through transformers' module tree, alternating.
 
@@ -103,11 +106,15 @@ def _quantiles(values: list[float]) -> dict[str, float]:
 def token_gaps(
     runtime: Any, rows: list[Any], prompt: list[int], press: Any, chunks: list[int], steps: int
 ) -> list[dict[str, Any]]:
-    """Gaps between decode steps of ``rows``, idle and while ``prompt`` prefills in chunks."""
+    """Gaps between decode steps of ``rows``, idle and while ``prompt`` prefills in chunks
+    (a decode step between chunks, then each chunk in a decode step's pass)."""
+    from ragsnap.runtime.llama_pass import ChunkFeed
+
     batch = runtime.decode_batch(stop_ids=set())
     for i, p in enumerate(rows):
-        # enough for the idle steps and one step per chunk of every prefill below
-        longest = steps + 4 + sum(len(prompt) // chunk + 2 for chunk in chunks)
+        # enough for the idle steps and one step per chunk of every prefill below (twice:
+        # plain, then riding)
+        longest = steps + 4 + 2 * sum(len(prompt) // chunk + 3 for chunk in chunks)
         batch.add(i, p, GenerationConfig(max_new_tokens=longest))
     stamps: list[float] = []
 
@@ -118,16 +125,36 @@ def token_gaps(
     for _ in range(steps + 1):
         step()
     idle = _quantiles([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
-    out = []
-    for chunk in chunks:
+    ridden: list[bool] = []
+
+    class Riding:  # the scheduler's on_chunk when the chunk rides the rows' decode pass
+        def __call__(self) -> None:
+            if not ridden[-1]:
+                step()
+
+        def ride(self, ids: list[int], cache: Any, begin: int) -> bool:
+            feed = ChunkFeed(ids, cache, begin)
+            batch.step(feed)
+            stamps.append(time.perf_counter())
+            ridden.append(feed.done)
+            return feed.done
+
+    def prefilling(chunk: int, riding: bool) -> tuple[float, dict[str, float]]:
+        """The prefill's seconds (decode steps included) and the gaps meanwhile."""
         stamps.clear()
         step()
         runtime.chunk = chunk
         began = time.perf_counter()
-        runtime.prefill(prompt, press, on_chunk=step)
-        prefill_s = time.perf_counter() - began  # includes the decode steps between chunks
+        runtime.prefill(prompt, press, on_chunk=Riding() if riding else step)
+        prefill_s = time.perf_counter() - began
         step()
-        during = _quantiles([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
+        return prefill_s, _quantiles([b - a for a, b in zip(stamps, stamps[1:], strict=False)])
+
+    out = []
+    for chunk in chunks:
+        prefill_s, during = prefilling(chunk, riding=False)
+        ridden.clear()
+        riding_s, riding_during = prefilling(chunk, riding=True)
         out.append(
             {
                 "chunk": chunk,
@@ -136,6 +163,14 @@ def token_gaps(
                 "while_prefilling": during,
                 "prefill_s": round(prefill_s, 2),
                 "p95_ratio": round(during["p95_ms"] / idle["p95_ms"], 2),
+                # the chunks computed in the rows' decode passes (ChunkFeed), where they can
+                "riding": {
+                    "chunks_ridden": sum(ridden),
+                    "chunks": len(ridden),
+                    "while_prefilling": riding_during,
+                    "prefill_s": round(riding_s, 2),
+                    "prefill_s_over_plain": round(riding_s / prefill_s, 3),
+                },
             }
         )
     runtime.chunk = None
