@@ -13,6 +13,7 @@ import torch
 from ragsnap.compression import DEFAULT_PRESS, H2OPress, LookaheadPress, SnapKVPress, make_press
 from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.errors import ConfigError
+from ragsnap.prompt.documents import Document
 from ragsnap.runtime.prefill import draft_queries, forward_chunk
 from tests.test_snapkv_reference import (
     assert_same_selection,
@@ -233,3 +234,76 @@ def test_a_press_that_scores_every_query_still_sees_them_all_beside_a_lookahead(
     assert beside[1].drafted_tokens == AHEAD
     for a, b in zip(alone.kept, beside[0].kept, strict=True):
         assert torch.equal(a.indices, b.indices)
+
+
+def _drafts_both_ways(model, kwarg, prompt, tokens=8):
+    """(queries, tokens, cache, tokens fed per pass) of the one-token draft and of the
+    draft guessed from ``prompt``."""
+    from transformers import DynamicCache
+
+    calls: list[int] = []
+    real_forward = model.forward
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[1])
+        return real_forward(*args, **kwargs)
+
+    out = []
+    for context in ((), prompt):
+        cache = DynamicCache(config=model.config)
+        logits = forward_chunk(model, kwarg, prompt, cache, 0)
+        calls.clear()
+        model.forward = counted
+        try:
+            queries, drafted = draft_queries(
+                model, kwarg, cache, logits, len(prompt), tokens, set(), context
+            )
+        finally:
+            del model.forward
+        out.append((queries, drafted, cache, list(calls)))
+    return out
+
+
+def _same_draft(plain, guessed, length) -> None:
+    (q1, t1, c1, _), (q2, t2, c2, _) = plain, guessed
+    assert t2 == t1
+    assert c2.get_seq_length() == c1.get_seq_length() == length + len(t1)
+    for layer in q1:
+        torch.testing.assert_close(q2[layer], q1[layer], atol=1e-4, rtol=1e-4)
+    end = length + len(t1)
+    for one, two in zip(c1.layers, c2.layers, strict=True):
+        torch.testing.assert_close(two.keys[:, :, :end], one.keys[:, :, :end], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            two.values[:, :, :end], one.values[:, :, :end], atol=1e-4, rtol=1e-4
+        )
+
+
+def test_a_draft_with_rejected_guesses_is_the_one_token_draft() -> None:
+    """Guesses from a repeating prompt that a tiny random model does not follow are fed and
+    cut again: tokens, voting queries and cache are those of one-token passes."""
+    from tests.tiny_models import tiny_engine
+
+    engine = tiny_engine("llama")
+    prompt = [5 + (i % 11) for i in range(66)]
+    plain, guessed = _drafts_both_ways(engine.loaded.model, engine.loaded.cache_kwarg, prompt)
+    assert plain[3] == [1] * 8 and max(guessed[3]) > 1  # guesses were fed
+    _same_draft(plain, guessed, len(prompt))
+
+
+@pytest.mark.model
+def test_a_draft_that_copies_the_prompt_takes_fewer_passes(engine) -> None:
+    """The embedded model copying a name from its document: the guessed draft keeps
+    guesses (fewer passes) and is the one-token draft (float32)."""
+    from ragsnap.runtime.generation import GenerationConfig
+
+    layout = engine.build_prompt(
+        "What is the full name of the station's chief engineer?",
+        [Document(id="1", text="The station's chief engineer is Margarethe Vollenweider-Okonkwo.")],
+        GenerationConfig(max_new_tokens=8),
+        order="given",
+    )
+    prompt = list(layout.input_ids)
+    model, kwarg = engine.loaded.model, engine.loaded.cache_kwarg
+    plain, guessed = _drafts_both_ways(model, kwarg, prompt)
+    assert len(guessed[3]) < len(plain[3]) == len(plain[1])
+    _same_draft(plain, guessed, len(prompt))

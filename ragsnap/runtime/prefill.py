@@ -21,6 +21,7 @@ from ragsnap.compression import CompressedLayer, Press, compression_hooks
 from ragsnap.compression.hooks import query_capture
 from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.compression.propagate import budget_need, propagation_of, voting_parameters
+from ragsnap.runtime.drafts import Drafts
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.kv import cache_nbytes, derive_cache
 from ragsnap.runtime.loading.bf16_matmuls import medium_products
@@ -125,6 +126,14 @@ def forward_chunk(
     model: Any, cache_kwarg: str, token_ids: Sequence[int], cache: Any, start: int
 ) -> torch.Tensor:
     """Run ``token_ids`` at positions ``start..`` on top of ``cache``; last logits ``[1, V]``."""
+    return forward_tokens(model, cache_kwarg, token_ids, cache, start, keep=1)
+
+
+@torch.inference_mode()
+def forward_tokens(
+    model: Any, cache_kwarg: str, token_ids: Sequence[int], cache: Any, start: int, keep: int
+) -> torch.Tensor:
+    """:func:`forward_chunk` returning the logits of the last ``keep`` positions ``[keep, V]``."""
     device = next(model.parameters()).device
     ids = torch.tensor([list(token_ids)], device=device)
     positions = torch.arange(start, start + ids.shape[1], device=device).unsqueeze(0)
@@ -132,10 +141,10 @@ def forward_chunk(
         input_ids=ids,
         position_ids=positions,
         use_cache=True,
-        logits_to_keep=1,
+        logits_to_keep=keep,
         **{cache_kwarg: cache},
     )
-    return out.logits[:, -1, :]
+    return out.logits[0]
 
 
 class ChunkRider(Protocol):
@@ -164,19 +173,45 @@ def draft_queries(
     position: int,
     tokens: int,
     stop_ids: Collection[int],
+    context: Sequence[int] = (),
 ) -> tuple[dict[int, torch.Tensor], list[int]]:
     """Greedily draft up to ``tokens`` tokens after a prompt of ``position`` tokens held in
     ``cache`` (``logits``: ``[1, V]`` at its last position), appending their KV, and stop
     before an end-of-turn token (``stop_ids``). Returns, per layer, the drafted tokens'
-    queries ``[1, Hq, k, D]`` (empty when the first token ends the turn), and the tokens."""
+    queries ``[1, Hq, k, D]`` (empty when the first token ends the turn), and the tokens.
+
+    ``context`` (the prompt's ids): an answer copies names and phrases from its documents,
+    so each pass feeds the next token with a guess at those after it (what followed the
+    draft's last tokens in the prompt, :class:`~ragsnap.runtime.drafts.Drafts`) and keeps
+    the guessed tokens greedy decoding picks itself; the rest of the guess is cut from the
+    cache and the queries. The draft is the one of one-token passes, in fewer passes."""
     drafted: list[int] = []
+    guesses = Drafts(context, stop_ids) if context else None
     with query_capture(model) as captured:
-        for i in range(tokens):
+        while len(drafted) < tokens:
             token = int(logits[0].argmax())
             if token in stop_ids:
                 break
             drafted.append(token)
-            logits = forward_chunk(model, cache_kwarg, [token], cache, position + i)
+            guess: list[int] = []
+            if guesses is not None:
+                guesses.extend([token])
+                guess = guesses.draft(tokens - len(drafted))
+            start = position + len(drafted) - 1
+            fed = [token, *guess]
+            out = forward_tokens(model, cache_kwarg, fed, cache, start, keep=len(fed))
+            picks = out.argmax(dim=-1).tolist()  # picks[j]: greedy's token after fed[j]
+            kept = 0
+            while kept < len(guess) and picks[kept] == guess[kept]:
+                kept += 1
+            if kept < len(guess):  # the unconfirmed guesses leave the cache and the queries
+                cache.crop(kept - len(guess))
+                for queries in captured.values():
+                    queries[-1] = queries[-1][:, :, : 1 + kept]
+            drafted.extend(guess[:kept])
+            if guesses is not None:
+                guesses.extend(guess[:kept])
+            logits = out[kept : kept + 1]
     return {layer: torch.cat(queries, dim=2) for layer, queries in captured.items()}, drafted
 
 
@@ -269,7 +304,7 @@ def prefill(
             recorder.armed = False
             if ahead:
                 drafted, draft = draft_queries(
-                    model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids
+                    model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids, input_ids
                 )
                 cache.crop(len(input_ids) - cache.get_seq_length())
                 recorder.compress_pending(cache, drafted or None)
