@@ -119,3 +119,16 @@ def test_bench_reuse_names_bad_input(tiny, tmp_path, capsys, extra, says) -> Non
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+def test_needle_digits_set_the_length_of_every_passages_number(tiny, tmp_path) -> None:
+    from ragsnap.cli.bench.reuse_items import NEEDLE_DIGITS, build_passages
+
+    items = load_bench_items([_hotpot(tmp_path / "h.json", 4)], None, ("short",), 0, 0)
+    tokenizer = tiny.runtime.tokenizer
+    default = build_passages(tokenizer, items, 60, 0)
+    short = build_passages(tokenizer, items, 60, 0, digits=4)
+    assert all(len(p.needle_value) == NEEDLE_DIGITS == 7 for p in default)
+    for passage in short:
+        assert len(passage.needle_value) == 4 and passage.needle_value.isdigit()
+        assert passage.needle_value in passage.doc.text

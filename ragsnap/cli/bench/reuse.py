@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ragsnap.cache.tiers.documents import DEFAULT_RECOMPUTE_SHARE
-from ragsnap.cli.bench.reuse_items import DEFAULT_TYPES, REUSE_FORMATS
+from ragsnap.cli.bench.reuse_items import DEFAULT_TYPES, NEEDLE_DIGITS, REUSE_FORMATS
 from ragsnap.cli.options import add_dtype_option
 from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
@@ -68,6 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=2,
         help="every Nth question asks for a passage's needle instead (0: none)",
+    )
+    parser.add_argument(
+        "--needle-digits",
+        type=int,
+        default=NEEDLE_DIGITS,
+        help=f"digits of each passage's needle number (default {NEEDLE_DIGITS})",
     )
     parser.add_argument(
         "--pool", type=int, default=32, help="passages per pool, read before its questions"
@@ -125,6 +131,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         raise ConfigError("need shares in [0, 1], --docs >= 2 and --pool >= --docs")
     if args.skip < 0 or args.needle_every < 0 or args.questions < 1:
         raise ConfigError("need --skip >= 0, --needle-every >= 0 and --questions >= 1")
+    if not 1 <= args.needle_digits <= 12:
+        raise ConfigError("--needle-digits takes 1 to 12", field="needle_digits")
     types = tuple(t.strip() for t in args.types.split(",") if t.strip())
     if not types:
         raise ConfigError("--types names no item type", field="types")
@@ -178,7 +186,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
         raise ConfigError(
             f"the data give only {len(items)} items, --pool {args.pool}", field="data"
         )
-    passages = build_passages(tokenizer, items, per_doc, args.seed)
+    passages = build_passages(tokenizer, items, per_doc, args.seed, args.needle_digits)
 
     def layout_of(question: str, docs: list[Any], prefix: str = "") -> Any:
         return assemble_prompt(
