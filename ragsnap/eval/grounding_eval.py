@@ -6,9 +6,12 @@ documents to the same prompt length), so the documents do not answer them.
 JSON object: per set, answerable accuracy, the share of right answers that are grounded,
 the share of unanswerable answers that are not grounded (what ``abstain`` would replace),
 the accuracy ``abstain`` would keep, and the check's time against the answer's. Each row
-also holds the lexical verdict alone and the likelihood features
-(:mod:`ragsnap.citations.lift`), so a rule can be calibrated on the rows of held-out
-items (``--skip 50``: items 51-100; ``ragsnap.eval.grounding_calibrate``).
+also holds the lexical verdict alone, every feature a rule may read, measured without the
+gate (:func:`answer_features`: the likelihood lifts of :mod:`ragsnap.citations.lift`, the
+question's coverage variants of :mod:`ragsnap.citations.relevance`), and the raw material
+they come from (:func:`raw_material`; ``ragsnap.eval.grounding_features`` measures them
+again), so a rule can be calibrated on the rows of held-out items (``--skip 50``: items
+51-100; ``ragsnap.eval.grounding_calibrate``).
 ``--instruction abstain`` adds the sentence the shipped instruction dropped (say so when
 the documents do not answer) for the abstention-prompt experiment.
 """
