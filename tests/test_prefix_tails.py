@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ragsnap.compression import make_press
-from ragsnap.runtime.forward import BatchedKV
+from ragsnap.runtime.forward import BatchedKV, forward_rows
 from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.tails import Tail
 from tests.tiny_models import random_prompt, tiny_engine
@@ -161,3 +161,62 @@ def test_reserved_batch_memory_is_what_the_next_batches_use() -> None:
     assert fresh.runtime.reserve_tails(0, 200) == 0
     assert fresh.runtime.reserve_tails(2, 100) == reserved  # smaller: the memory stays
     assert all(a[0] is b[0] for a, b in zip(fresh.runtime._tail_scratch, scratch, strict=True))
+
+
+@pytest.mark.model
+def test_drafts_guessed_from_the_prompts_are_the_one_token_drafts_in_fewer_passes(engine):
+    """Two rows drafting answers that copy their documents (embedded model, float32): with
+    guesses from each row's prompt the drafts, their voting queries and the rows' caches are
+    those of one-token passes, in fewer passes."""
+    from ragsnap.prompt.documents import Document
+    from ragsnap.runtime.tails import draft_rows
+
+    model, kwarg = engine.loaded.model, engine.loaded.cache_kwarg
+    prompts = [
+        engine.build_prompt(
+            question,
+            [Document(id="1", text=text)],
+            GenerationConfig(max_new_tokens=8),
+            order="given",
+        ).input_ids
+        for question, text in (
+            (
+                "Who is the station's chief engineer?",
+                "The station's chief engineer is Margarethe Vollenweider-Okonkwo.",
+            ),
+            (
+                "What does the enzyme lactase break down?",
+                "Lactase breaks down lactose into glucose.",
+            ),
+        )
+    ]
+    runs = []
+    for contexts in ((), prompts):
+        prefixes = [engine.runtime.prefill_full(ids[:-1]) for ids in prompts]
+        starts = [len(ids) - 1 for ids in prompts]
+        batch = BatchedKV.of_rows(engine.runtime.windows, prefixes, starts, reserve=16)
+        logits = forward_rows(model, kwarg, batch, [[ids[-1]] for ids in prompts], last=True)
+        calls: list[int] = []
+        real = model.forward
+
+        def counted(*args, calls=calls, real=real, **kwargs):
+            calls.append(kwargs["input_ids"].shape[1])
+            return real(*args, **kwargs)
+
+        model.forward = counted
+        try:
+            queries, drafts = draft_rows(model, kwarg, batch, logits, [8, 8], set(), contexts)
+        finally:
+            del model.forward
+        runs.append((queries, drafts, batch, len(calls)))
+    (q1, d1, b1, passes1), (q2, d2, b2, passes2) = runs
+    assert d2 == d1 and all(len(d) == 8 for d in d1)
+    assert passes2 < passes1 == 8
+    for layer in q1:
+        torch.testing.assert_close(q2[layer], q1[layer], atol=1e-4, rtol=1e-4)
+    # each row's prompt and draft; a row done early fed the others' passes past its draft
+    for r, ids in enumerate(prompts):
+        end = len(ids) + len(d1[r])
+        for (k1, v1), (k2, v2) in zip(b1.row_layers(r), b2.row_layers(r), strict=True):
+            torch.testing.assert_close(k2[:, :, :end], k1[:, :, :end], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(v2[:, :, :end], v1[:, :, :end], atol=1e-4, rtol=1e-4)

@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from ragsnap.compression import Press, compression_hooks
 from ragsnap.compression.hooks import CompressionRecorder, attention_modules, query_capture
 from ragsnap.compression.lookahead import lookahead_tokens
+from ragsnap.runtime.drafts import Drafts
 from ragsnap.runtime.forward import BatchedKV, forward_rows, sliding_windows
 from ragsnap.runtime.kv import cache_from_layers, cache_nbytes
 from ragsnap.runtime.prefill import PrefillResult, window_floor
@@ -102,7 +104,9 @@ def prefill_tails(
             last=True,
         )
         inputs.armed = False
-    drafted, drafts = draft_rows(model, cache_kwarg, batch, logits, ahead, stop_ids)
+    drafted, drafts = draft_rows(
+        model, cache_kwarg, batch, logits, ahead, stop_ids, [t.input_ids for t in tails]
+    )
     prefill_s = time.perf_counter() - started
     modules = attention_modules(model)
 
@@ -162,26 +166,69 @@ def draft_rows(
     logits: torch.Tensor,
     limits: Sequence[int],
     stop_ids: Collection[int],
+    contexts: Sequence[Sequence[int]] = (),
 ) -> tuple[dict[int, torch.Tensor], list[list[int]]]:
     """Greedily draft up to ``limits[r]`` tokens after each row of ``batch`` (``logits``:
     ``[B, V]`` at each row's last position), appending their KV, stopping a row before an
     end-of-turn token. Returns, per layer, the drafted tokens' queries ``[B, Hq, k, D]``
     (row ``r``'s first ``len(drafts[r])`` are its own), and each row's tokens.
 
+    ``contexts[r]`` (row ``r``'s prompt ids): each pass feeds a row's token with a guess
+    at the next ones from its prompt's n-grams and keeps the guesses greedy confirms, as
+    :func:`~ragsnap.runtime.prefill.draft_queries` does; the rest leave the row's cache.
     A row that stopped still feeds a token to the passes of the others; what it appends
     lies past its draft and is never read."""
+    rows = len(limits)
     drafts: list[list[int]] = [[] for _ in limits]
-    passes = 0
+    guesses = [Drafts(c, stop_ids) for c in contexts] if contexts else None
+    drafting = [limit > 0 for limit in limits]
+    # per row and layer, the queries of its kept tokens, pass after pass ([1, Hq, k, D])
+    kept_queries: list[dict[int, list[torch.Tensor]]] = [{} for _ in limits]
     with query_capture(model) as captured:
-        for _ in range(max(limits, default=0)):
-            fed = []
+        while True:
+            fed: list[list[int]] = []
+            guessed: list[list[int] | None] = []  # None: the row drafts no more
             for r, row_logits in enumerate(logits):
                 token = int(row_logits.argmax())
-                if len(drafts[r]) == passes < limits[r] and token not in stop_ids:
+                if drafting[r] and len(drafts[r]) < limits[r] and token not in stop_ids:
                     drafts[r].append(token)
-                fed.append([drafts[r][-1] if drafts[r] else token])
-            if all(len(d) <= passes for d in drafts):
+                    guess: list[int] = []
+                    if guesses is not None:
+                        guesses[r].extend([token])
+                        guess = guesses[r].draft(limits[r] - len(drafts[r]))
+                    fed.append([token, *guess])
+                    guessed.append(guess)
+                else:
+                    drafting[r] = False
+                    fed.append([drafts[r][-1] if drafts[r] else token])
+                    guessed.append(None)
+            if not any(drafting):
                 break
-            logits = forward_rows(model, cache_kwarg, batch, fed, last=True)
-            passes += 1
-    return {layer: torch.cat(queries, dim=2) for layer, queries in captured.items()}, drafts
+            out = forward_rows(model, cache_kwarg, batch, fed, last=False)  # [B, q, V]
+            next_logits = []
+            for r, row_guess in enumerate(guessed):
+                kept = 0
+                if row_guess is not None:
+                    picks = out[r, : len(fed[r])].argmax(dim=-1).tolist()
+                    while kept < len(row_guess) and picks[kept] == row_guess[kept]:
+                        kept += 1
+                    batch.retract(r, len(row_guess) - kept)
+                    drafts[r].extend(row_guess[:kept])
+                    if guesses is not None:
+                        guesses[r].extend(row_guess[:kept])
+                    for layer, queries in captured.items():
+                        kept_queries[r].setdefault(layer, []).append(
+                            queries[-1][r : r + 1, :, : 1 + kept]
+                        )
+                next_logits.append(out[r, kept])
+            logits = torch.stack(next_logits)
+    most = max((len(d) for d in drafts), default=0)
+    out_queries = {}
+    for layer, queries in captured.items():
+        empty = queries[0][:1, :, :0]
+        per_row = []
+        for r in range(rows):
+            own = torch.cat(kept_queries[r].get(layer, [empty]), dim=2)
+            per_row.append(F.pad(own, (0, 0, 0, most - own.shape[2])))
+        out_queries[layer] = torch.cat(per_row)
+    return out_queries, drafts
