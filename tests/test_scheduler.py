@@ -543,3 +543,12 @@ def test_the_in_memory_tiers_live_inside_the_kv_memory(engine_tiny, tmp_path):
         return next(e.cache for e in request.events if isinstance(e, MetaEvent))
 
     assert {cache(r) for r in rounds[0]} == {"miss"} and "hit" in {cache(r) for r in rounds[1]}
+
+
+def test_prefix_hits_reserved_for_are_as_many_as_the_kv_memory_holds(engine_tiny):
+    per_token = engine_tiny.runtime.kv_bytes_per_token()
+    assert Scheduler(engine_tiny, max_batch=64).prefix_hit_rows(3072) == 64  # no bound
+    bounded = Scheduler(engine_tiny, max_batch=64, kv_memory_bytes=10 * 3072 * per_token)
+    assert bounded.prefix_hit_rows(3072) == 10  # each parks its prefix's full KV
+    assert bounded.prefix_hit_rows(100 * 3072) == 1  # at least one
+    assert Scheduler(engine_tiny, max_batch=4, kv_memory_bytes=1 << 40).prefix_hit_rows(3072) == 4

@@ -87,14 +87,6 @@ def start_services(
     store = engine.store
     if store is not None:
         metrics.track_rejections(lambda: dict(store.rejections))
-    reserved = engine.reserve_prefix_hits(settings.max_batch, settings.reserve_prefix_tokens)
-    if reserved:
-        logger.info(
-            "reserved %.0f MiB for %d prefix hits of up to %d tokens",
-            reserved / 2**20,
-            settings.max_batch,
-            settings.reserve_prefix_tokens,
-        )
     worker = EngineWorker(
         engine,
         settings.max_queue,
@@ -106,6 +98,16 @@ def start_services(
         decode_threads=settings.decode_threads,
         kv_memory_bytes=settings.kv_memory_bytes,
     )
+    # batch memory for the prefix hits finished together: as many as the KV memory admits
+    rows = worker.scheduler.prefix_hit_rows(settings.reserve_prefix_tokens)
+    reserved = engine.reserve_prefix_hits(rows, settings.reserve_prefix_tokens)
+    if reserved:
+        logger.info(
+            "reserved %.0f MiB for %d prefix hits of up to %d tokens",
+            reserved / 2**20,
+            rows,
+            settings.reserve_prefix_tokens,
+        )
     worker.start()
     return Services(
         engine=engine, worker=worker, index=index, ping_every_s=settings.cache_ping_interval_s

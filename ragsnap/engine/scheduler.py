@@ -485,6 +485,15 @@ class Scheduler:
         parked = sum(self.kv_need(request, pending) for request, pending in list(self._parked))
         return rows + parked + sum(self._prefill_kv)
 
+    def prefix_hit_rows(self, tokens: int) -> int:
+        """The most prefix hits of ``tokens`` tokens that may be finished together: the
+        batch's ceiling, or fewer when the KV memory holds fewer (each parks its full KV)."""
+        limit = self.request_memory_bytes
+        if limit is None:
+            return self.max_batch
+        per_row = max(1, tokens * self.kv_bytes_per_token)
+        return max(1, min(self.max_batch, limit // per_row))
+
     def tier_bytes_in_use(self) -> int:
         """Bytes the engine's in-memory tiers hold (document prefixes, entries)."""
         return 0 if self.engine.tiers is None else self.engine.tiers.memory_bytes
