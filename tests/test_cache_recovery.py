@@ -30,6 +30,8 @@ def recovered_tokens(blob: bytes, values: torch.Tensor) -> set[int]:
     tolerance = 1e-4 * float(values.norm(dim=1).mean())
     for offset in range(4):
         count = (len(blob) - offset) // 4
+        if count < HEAD_DIM:  # too short to hold a vector (a document set's seen marker)
+            continue
         floats = torch.frombuffer(bytearray(blob[offset : offset + 4 * count]), dtype=torch.float32)
         windows = floats.unfold(0, HEAD_DIM, 1)
         windows = windows[torch.isfinite(windows).all(dim=1) & (windows.abs() < 1e4).all(dim=1)]
