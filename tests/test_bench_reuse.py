@@ -96,6 +96,9 @@ def test_bench_reuse_scores_answers_and_citations_against_cold(tiny, tmp_path, c
     assert set(report["scores_by_dataset"]) == {"bioasq", "hotpotqa"}
     # share 1.0 recomputes every document token: the cold prefix, the cold answers
     assert report["shares"]["1.0"]["answer_agreement"] == 1.0
+    needles = report["needle_minus_cold"]  # paired by question, as the answers are
+    assert needles["1.0"]["mean"] == 0 and needles["1.0"]["better"] == needles["1.0"]["worse"] == 0
+    assert needles["0.0"]["better"] + needles["0.0"]["worse"] <= 2
     for score in ("accuracy", "citation_f1"):
         full = scores[score]["1.0"]
         assert full["mean"] == scores[score]["cold"]

@@ -42,7 +42,8 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 MIN_REUSED_SHARE = 0.5
 # below CacheBlend's 0.15: the smallest share whose first token stayed >= 2.5x cold with
 # the question selection (2.55x; 0.15 gave 2.34x) on held-out and evaluated items (issue 44;
-# docs/results.md, session 24)
+# docs/results.md, session 24); at n = 100 (session 25) 2.34x and KL 0.343 of plain
+# concatenation's: both just short of the issue's 2.5x and one third
 DEFAULT_RECOMPUTE_SHARE = 0.12
 
 

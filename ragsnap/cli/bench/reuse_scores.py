@@ -105,6 +105,16 @@ def run_summary(rows: list[dict[Any, Any]], runs: list[str], has_concat: bool) -
     base_kl = statistics.fmean(r["0.0"]["kl"] for r in rows) if has_concat else None
     out: dict[str, Any] = {
         "needle_found_cold": _rate(r["cold"]["accuracy"] for r in needles),
+        # per run, needles found minus found cold, paired by question, with its interval
+        "needle_minus_cold": {
+            run: paired_difference(
+                [float(r["cold"]["accuracy"]) for r in needles],
+                [float(r[run]["accuracy"]) for r in needles],
+            )
+            for run in runs
+        }
+        if needles
+        else None,
         "scores": score_summary(asked, runs) if asked else None,
         "scores_by_dataset": {
             d: score_summary([r for r in asked if r["dataset"] == d], runs)
