@@ -23,6 +23,7 @@ from ragsnap.eval.grounding_features import citation_from_dict, recorded_documen
 from ragsnap.prompt.documents import Document
 from ragsnap.prompt.support_prompt import MAX_QUESTION_TOKENS, question_prompts
 from ragsnap.runtime.likelihood import mean_lift, span_lifts
+from tests.test_likelihood_lift import counted_passes
 from tests.tiny_models import tiny_engine, tiny_tokenizer
 
 # grounded when 10 * share + 10 * lift >= 12 (lift clipped to [-1, 1] nats per token)
@@ -133,14 +134,7 @@ def test_the_engine_scores_sentence_and_question_in_one_pass_only_when_they_deci
     monkeypatch,
 ):
     engine = tiny_engine("llama", seed=4)
-    calls: list[int] = []
-    real = engine.citing.runtime.likelihood_spans
-
-    def counted(given, alone, spans):
-        calls.append(len(spans))
-        return real(given, alone, spans)
-
-    monkeypatch.setattr(engine.citing.runtime, "likelihood_spans", counted)
+    calls = counted_passes(engine, monkeypatch)
     answer = "t5 t6 t7."
     sentence = Sentence(answer, 0, len(answer))
     cited = [_cited(sentence, "t5 t6 t7 t8.")]

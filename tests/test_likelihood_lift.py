@@ -165,8 +165,8 @@ def test_the_rule_decides_the_verdict_and_abstention_follows_it():
     assert with_lift(Verdict(None, None), key, 0.9, RULE) == Verdict(None, None)
 
 
-def test_the_engine_runs_one_pass_only_when_the_lift_decides(monkeypatch):
-    engine = tiny_engine("llama", seed=4)
+def counted_passes(engine, monkeypatch) -> list[int]:
+    """The rows of each likelihood pass ``engine``'s citing runs from now on."""
     calls: list[int] = []
     real = engine.citing.runtime.likelihood_spans
 
@@ -175,6 +175,12 @@ def test_the_engine_runs_one_pass_only_when_the_lift_decides(monkeypatch):
         return real(given, alone, spans)
 
     monkeypatch.setattr(engine.citing.runtime, "likelihood_spans", counted)
+    return calls
+
+
+def test_the_engine_runs_one_pass_only_when_the_lift_decides(monkeypatch):
+    engine = tiny_engine("llama", seed=4)
+    calls = counted_passes(engine, monkeypatch)
     answer = "t5 t6 t7."
     cited = [_citation((0, len(answer)), "t5 t6 t7 t8.")]
     engine.citing.lift_rule = RULE
