@@ -32,6 +32,7 @@ CACHE_FIELDS = (
     "cache_url",
     "storage_dtype",
     "prefix_cache",
+    "prefix_store",
     "document_cache",
     "recompute_share",
     "recompute_select",
