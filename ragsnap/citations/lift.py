@@ -35,10 +35,13 @@ from ragsnap.errors import ConfigError
 @dataclass(frozen=True)
 class LiftRule:
     """``sigmoid(bias + lexical * share + answer * key_supported + lift * L
-    + coverage * coverage + question * Q)``: ``L`` the key sentence's lift and ``Q`` the
-    question's lift given its quotes, each clipped to ``[-clip, clip]`` nats per token
-    first (None: ``-clip``). With ``plain_only`` the lift may not rescue a key sentence
-    whose missing claims include a number, date or name: its ``L`` is at most 0."""
+    + coverage * coverage + question * Q + kind * K)``: ``L`` the key sentence's lift and
+    ``Q`` the question's lift given its quotes, each clipped to ``[-clip, clip]`` nats per
+    token first (None: ``-clip``); ``K`` whether the answer supplies the kind of thing
+    asked (:mod:`ragsnap.citations.asked`). With ``plain_only`` the lift may not rescue a
+    key sentence whose missing claims include a number, date or name: its ``L`` is at
+    most 0. With ``kind_lowers_lift`` an answer that does not supply the kind asked gets
+    the lowest lifts (``L`` and ``Q`` both ``-clip``)."""
 
     lexical: float
     answer: float
@@ -48,22 +51,35 @@ class LiftRule:
     coverage: float = 0.0
     question: float = 0.0
     plain_only: bool = False
+    kind: float = 0.0
+    kind_lowers_lift: bool = False
 
     def __post_init__(self) -> None:
-        values = (self.lexical, self.answer, self.lift, self.bias, self.coverage, self.question)
+        values = [self.lexical, self.answer, self.lift, self.bias, self.coverage]
+        values += [self.question, self.kind]
         if not all(math.isfinite(v) for v in (*values, self.clip)) or self.clip <= 0:
             raise ConfigError("a lift rule needs finite weights and a positive clip", field="lift")
 
     def decided(
-        self, share: float, key_supported: float, plain: float = 1.0, coverage: float = 1.0
+        self,
+        share: float,
+        key_supported: float,
+        plain: float = 1.0,
+        coverage: float = 1.0,
+        kind: float = 1.0,
     ) -> bool | None:
         """The decision when no lifts within ``[-clip, clip]`` can change it (the pass is
         then skipped), else None."""
         z = self.bias + self.lexical * share + self.answer * key_supported
-        z += self.coverage * coverage
+        z += self.coverage * coverage + self.kind * kind
+        lowest = self.kind_lowers_lift and not kind
         low = z - abs(self.question) * self.clip
         high = z + abs(self.question) * self.clip
+        if lowest:
+            low = high = z - self.question * self.clip
         top = 0.0 if self.plain_only and not plain else self.clip
+        if lowest:
+            top = -self.clip
         low += min(self.lift * -self.clip, self.lift * top)
         high += max(self.lift * -self.clip, self.lift * top)
         if low >= 0:
@@ -80,9 +96,12 @@ class LiftRule:
         lift = self._clipped(features.lift)
         if self.plain_only and not features.plain:
             lift = min(lift, 0.0)
+        question = self._clipped(features.question_lift)
+        if self.kind_lowers_lift and not features.kind:
+            lift = question = -self.clip
         z = self.bias + self.lexical * features.share + self.answer * features.key_supported
-        z += self.coverage * features.coverage
-        return z + self.lift * lift + self.question * self._clipped(features.question_lift)
+        z += self.coverage * features.coverage + self.kind * features.kind
+        return z + self.lift * lift + self.question * question
 
     def probability(self, features: SupportFeatures) -> float:
         """The probability that the answer is grounded, given its ``features``."""
@@ -102,7 +121,8 @@ class SupportFeatures:
     what no quote backs in the key sentence is plain words only; ``coverage``: the share
     of the question's claims its cited documents hold
     (:mod:`ragsnap.citations.relevance`); ``question_lift``: how much its quotes make the
-    question likelier (None: not measured)."""
+    question likelier (None: not measured); ``kind``: 1.0 when the answer supplies the
+    kind of thing the question asks for (:mod:`ragsnap.citations.asked`), else 0.0."""
 
     share: float
     key_supported: float
@@ -110,19 +130,22 @@ class SupportFeatures:
     plain: float = 1.0
     coverage: float = 1.0
     question_lift: float | None = None
+    kind: float = 1.0
 
 
 @dataclass(frozen=True)
 class KeyEvidence:
     """What the engine found about the answer's key sentence: the sentence (None: none),
     its lift and the question's lift given its quotes (None: not measured), whether its
-    missing claims are plain words, the question's coverage by its cited documents."""
+    missing claims are plain words, the question's coverage by its cited documents,
+    whether the answer supplies the kind of thing asked."""
 
     key: Sentence | None
     lift: float | None
     plain: bool = True
     coverage: float = 1.0
     question_lift: float | None = None
+    kind: float = 1.0
 
 
 def key_sentence(answer: str, question: str) -> Sentence | None:
@@ -171,6 +194,7 @@ def support_features(
         1.0 if evidence.plain else 0.0,
         evidence.coverage,
         evidence.question_lift if key is not None else None,
+        evidence.kind,
     )
 
 

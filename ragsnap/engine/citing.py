@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ragsnap.citations import Citation
+from ragsnap.citations.asked import answer_kind
 from ragsnap.citations.attribution import default_attention_layers
 from ragsnap.citations.cite import cite_answer
 from ragsnap.citations.kept import DocumentKeptTokens, document_kept_tokens
@@ -127,33 +128,36 @@ class AnswerCiting:
     ) -> KeyEvidence:
         """The answer's key sentence, whether what no quote backs in it is plain words,
         the question's coverage by the ``documents`` the answer cites (the prompt's order,
-        as citations count them; 1.0 without documents), and the lifts: the key sentence's
-        and, when the rule reads it, the question's given its quotes, both rows in one
-        short pass. The pass is skipped (lifts 0.0) when the lexical features already
-        decide the rule (``gate``); lifts None without a key sentence or a quote cited
-        for it."""
+        as citations count them; 1.0 without documents), whether the answer supplies the
+        kind of thing asked (lexical, :mod:`ragsnap.citations.asked`), and the lifts: the
+        key sentence's and, when the rule reads it, the question's given its quotes, both
+        rows in one short pass. The pass is skipped (lifts 0.0) when the lexical features
+        already decide the rule (``gate``); lifts None without a key sentence or a quote
+        cited for it."""
         covered = answer_coverage(question, citations, documents) if documents else 1.0
+        kind = answer_kind(question, answer, citations)
         key = key_sentence(answer, question)
         if key is None:
-            return KeyEvidence(None, None, True, covered)
+            return KeyEvidence(None, None, True, covered, kind=kind)
         quotes = sentence_quotes(key, citations)
         plain = plain_missing(key, citations)
         if not quotes:
-            return KeyEvidence(key, None, plain, covered)
+            return KeyEvidence(key, None, plain, covered, kind=kind)
         rule = self.lift_rule
         if gate and rule is not None:
             lexical = grounding(answer, citations, support)
             if lexical.score is None:
-                return KeyEvidence(key, None, plain, covered)
+                return KeyEvidence(key, None, plain, covered, kind=kind)
             known = support_features(lexical.score, lexical.unsupported, key, 0.0)
-            if rule.decided(known.share, known.key_supported, float(plain), covered) is not None:
-                return KeyEvidence(key, 0.0, plain, covered, 0.0)
+            settled = rule.decided(known.share, known.key_supported, float(plain), covered, kind)
+            if settled is not None:
+                return KeyEvidence(key, 0.0, plain, covered, 0.0, kind)
         ask = not gate or (rule is not None and rule.asks_question)
         try:
             lift, asked = self.lifts(question, quotes, key.text, ask)
         except ValueError:  # nothing left to score once markers are removed
-            return KeyEvidence(key, None, plain, covered)
-        return KeyEvidence(key, lift, plain, covered, asked)
+            return KeyEvidence(key, None, plain, covered, kind=kind)
+        return KeyEvidence(key, lift, plain, covered, asked, kind)
 
     def lifts(
         self, question: str, quotes: list[str], sentence: str, ask: bool

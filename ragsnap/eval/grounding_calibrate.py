@@ -4,8 +4,10 @@ Reads the rows ``ragsnap.eval.grounding_eval --skip 50 --rows FILE`` writes (ite
 evaluation does not use) and fits :class:`ragsnap.citations.lift.LiftRule`: a logistic
 rule over the lexical share, whether the key sentence is supported, its clipped
 likelihood lift and, per variant (:data:`VARIANTS`), the question's coverage by the
-cited documents (``--coverage-field`` names the row's variant) and the question's lift,
-with or without the rescue limited to plain words (``plain_only``). Positives are right
+cited documents (``--coverage-field`` names the row's variant), the question's lift and
+whether the answer supplies the kind of thing asked (``kind``, ``--kind-field``), with or
+without the rescue limited to plain words (``plain_only``) and the lowest lifts for an
+answer of the wrong kind (``kind_lowers_lift``). Positives are right
 answers to answerable items (they should be grounded), negatives answers to unanswerable
 items (they should not); answerable items answered wrong are left out (containment
 cannot tell a wrong answer from a paraphrase). The classes are weighted equally; the
@@ -34,12 +36,13 @@ from ragsnap.citations.lift import LiftRule, SupportFeatures
 
 
 def labelled(
-    rows_files: Sequence[Path], coverage_field: str = "coverage"
+    rows_files: Sequence[Path], coverage_field: str = "coverage", kind_field: str = "kind"
 ) -> list[tuple[SupportFeatures, int]]:
     """(features, 1 for a right answerable answer / 0 for an unanswerable one) per row
     that has a lexical score (an answer that asserts nothing has no verdict). Rows
     recorded before a feature existed read it as neutral (plain, full coverage, no
-    question lift); ``coverage_field`` names the coverage variant to read."""
+    question lift, the kind asked); ``coverage_field`` and ``kind_field`` name the
+    variants to read (a None kind reads as the kind asked)."""
     out = []
     for path in rows_files:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -55,6 +58,7 @@ def labelled(
                 1.0 if row.get("plain", True) else 0.0,
                 float(row.get(coverage_field, 1.0)),
                 row.get("question_lift"),
+                1.0 if row.get(kind_field, 1.0) in (None, True) else float(row[kind_field]),
             )
             out.append((features, label))
     return out
@@ -81,7 +85,7 @@ def rates(rule: LiftRule, data: Sequence[tuple[SupportFeatures, int]]) -> dict[s
     }
 
 
-FEATURES = ("lexical", "answer", "lift", "coverage", "question")
+FEATURES = ("lexical", "answer", "lift", "coverage", "question", "kind")
 
 
 def fit(
@@ -93,23 +97,30 @@ def fit(
     steps: int = 3000,
     l2: float = 0.01,
     unanswerable: float = 0.0,
+    kind_lowers_lift: bool = False,
 ) -> LiftRule:
     """A class-balanced logistic fit (L2 ``l2``) of the weights of the features in
     ``use`` (of :data:`FEATURES`; the others weigh 0), then the bias of
     :func:`best_bias`. With ``plain_only`` the key sentence's lift counts at most 0
-    when a number, date or name in it is missing from its quotes."""
-    shape = LiftRule(1.0, 1.0, 1.0, 0.0, clip, 1.0, 1.0, plain_only)
+    when a number, date or name in it is missing from its quotes; with
+    ``kind_lowers_lift`` both lifts count as the lowest when the answer does not supply
+    the kind of thing asked."""
 
     def row(f: SupportFeatures) -> list[float]:
+        shape = LiftRule(1.0, 1.0, 1.0, 0.0, clip, 1.0, 1.0, plain_only, 1.0, kind_lowers_lift)
         lift = shape._clipped(f.lift)
         if plain_only and not f.plain:
             lift = min(lift, 0.0)
+        question = shape._clipped(f.question_lift)
+        if kind_lowers_lift and not f.kind:
+            lift = question = -clip
         values = {
             "lexical": f.share,
             "answer": f.key_supported,
             "lift": lift,
             "coverage": f.coverage,
-            "question": shape._clipped(f.question_lift),
+            "question": question,
+            "kind": f.kind,
         }
         return [values[name] if name in use else 0.0 for name in FEATURES]
 
@@ -140,6 +151,8 @@ def fit(
         weights["coverage"],
         weights["question"],
         plain_only,
+        weights["kind"],
+        kind_lowers_lift,
     )
     z = [base.logit(f) for f, _ in data]
     bias = best_bias(z, data, right_grounded, unanswerable)
@@ -181,13 +194,19 @@ def best_bias(
     return -(cut + below) / 2
 
 
-VARIANTS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "without_lift": (("lexical", "answer"), False),
-    "with_lift": (("lexical", "answer", "lift"), False),
-    "plain_rescue": (("lexical", "answer", "lift"), True),
-    "plain_rescue_coverage": (("lexical", "answer", "lift", "coverage"), True),
-    "plain_rescue_question": (("lexical", "answer", "lift", "question"), True),
-    "plain_rescue_both": (("lexical", "answer", "lift", "coverage", "question"), True),
+_COVERED = ("lexical", "answer", "lift", "coverage")
+# name: (features used, plain_only, kind_lowers_lift)
+VARIANTS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
+    "without_lift": (("lexical", "answer"), False, False),
+    "with_lift": (("lexical", "answer", "lift"), False, False),
+    "plain_rescue": (("lexical", "answer", "lift"), True, False),
+    "plain_rescue_coverage": (_COVERED, True, False),
+    "plain_rescue_question": (("lexical", "answer", "lift", "question"), True, False),
+    "plain_rescue_both": ((*_COVERED, "question"), True, False),
+    "plain_rescue_coverage_kind": ((*_COVERED, "kind"), True, False),
+    "plain_rescue_coverage_kind_lowest": ((*_COVERED, "kind"), True, True),
+    "plain_rescue_coverage_lowest": (_COVERED, True, True),
+    "plain_rescue_both_kind_lowest": ((*_COVERED, "question", "kind"), True, True),
 }
 
 
@@ -202,11 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--unanswerable", type=float, default=0.0, help="floor on unanswerable not grounded"
     )
     parser.add_argument("--coverage-field", default="coverage", help="the coverage variant")
+    parser.add_argument("--kind-field", default="kind", help="the answer-kind variant")
     parser.add_argument("--ship", default="with_lift", choices=sorted(VARIANTS))
     parser.add_argument("--out", type=Path, help="write the profile JSON here")
     parser.add_argument("--model", default="", help="fingerprint recorded in the profile")
     args = parser.parse_args(argv)
-    data = labelled(args.rows, args.coverage_field)
+    data = labelled(args.rows, args.coverage_field, args.kind_field)
     lexical = LiftRule(lexical=100.0, answer=0.0, lift=0.0, bias=-50.0)  # share >= 0.5 alone
     separation = {
         "share": auc(data, lambda f: f.share),
@@ -215,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "plain": auc(data, lambda f: f.plain),
         "coverage": auc(data, lambda f: f.coverage),
         "question_lift": auc(data, lambda f: -9.0 if f.question_lift is None else f.question_lift),
+        "kind": auc(data, lambda f: f.kind),
     }
     report: dict[str, Any] = {
         "n_positive": sum(y for _, y in data),
@@ -223,9 +244,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lexical_share_rule": rates(lexical, data),
     }
     rules = {}
-    for name, (use, plain_only) in VARIANTS.items():
+    for name, (use, plain_only, lowest) in VARIANTS.items():
         rules[name] = fit(
-            data, args.clip, args.right_grounded, use, plain_only, unanswerable=args.unanswerable
+            data,
+            args.clip,
+            args.right_grounded,
+            use,
+            plain_only,
+            unanswerable=args.unanswerable,
+            kind_lowers_lift=lowest,
         )
         report[name] = {"rule": vars(rules[name]), **rates(rules[name], data)}
     print(json.dumps(report, indent=2))

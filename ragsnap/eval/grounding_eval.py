@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ragsnap.citations.lift import sentence_quotes
+from ragsnap.citations.asked import all_quotes, answer_kind, asked_kind, options_quoted, supplies
+from ragsnap.citations.lift import key_sentence, sentence_quotes
 from ragsnap.citations.model import Citation
 from ragsnap.citations.relevance import HARD_KINDS, cited_documents, coverage, missing_kinds
 from ragsnap.citations.sentences import Sentence
@@ -184,6 +185,28 @@ def answer_features(
         "ent_quotes": coverage(question, quotes, hard),
         "ent_docs": coverage(question, docs, hard),
         "ent_all": coverage(question, every, hard),
+        **kind_features(question, answer, citations),
+    }
+
+
+def kind_features(question: str, answer: str, citations: Sequence[Citation]) -> dict[str, Any]:
+    """Whether the answer supplies the kind of thing asked (:mod:`ragsnap.citations.asked`;
+    lexical, no model), with what it is read from: the asked kind and options, whether
+    every option is quoted, and whether any quote of the answer (not only the key
+    sentence's) backs something of the asked kind (``kind_any``)."""
+    asked = asked_kind(question)
+    quotes = all_quotes(citations)
+    key = key_sentence(answer, question)
+    text = key.text if key is not None else ""
+    return {
+        "kind": answer_kind(question, answer, citations),
+        "asked": asked.kind,
+        "asked_noun": asked.noun,
+        "asked_options": list(asked.options),
+        "options_quoted": options_quoted(asked.options, quotes) if asked.options else None,
+        "kind_any": supplies(asked.kind, text, quotes, question)
+        if asked.kind not in ("open", "pair", "choice")
+        else None,
     }
 
 

@@ -5,7 +5,9 @@ checked citations and the cited documents (``raw_material``); this recomputes ev
 feature of :func:`ragsnap.eval.grounding_eval.answer_features` from them on the embedded
 model (one short pass per answer), so a new feature can be calibrated on rows already
 recorded. ``python -m ragsnap.eval.grounding_features ROWS.json [...]`` rewrites each file
-in place (``--out-suffix`` writes a sibling instead).
+in place (``--out-suffix`` writes a sibling instead); ``--lexical`` measures only the
+features read from words (:func:`ragsnap.eval.grounding_eval.kind_features`), without
+loading the model.
 """
 
 from __future__ import annotations
@@ -53,6 +55,14 @@ def refeature(engine: Any, row: dict[str, Any]) -> dict[str, Any]:
     return {**row, **features}
 
 
+def relexical(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with its lexical answer-kind features measured again (no model)."""
+    from ragsnap.eval.grounding_eval import kind_features
+
+    citations = [citation_from_dict(c) for c in row["citations"]]
+    return {**row, **kind_features(row["question"], row["model_answer"], citations)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from ragsnap.engine.engine import RagSnapEngine
 
@@ -60,13 +70,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("rows", nargs="+", type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out-suffix", default="", help="write FILE<suffix>.json instead")
+    parser.add_argument("--lexical", action="store_true", help="only the word features")
     args = parser.parse_args(argv)
-    engine = RagSnapEngine.load(
-        "embedded", device="cpu", dtype="float32", cache_url="none", threads=args.threads
-    )
+    if args.lexical:
+        measure = relexical
+    else:
+        engine = RagSnapEngine.load(
+            "embedded", device="cpu", dtype="float32", cache_url="none", threads=args.threads
+        )
+        measure = lambda row: refeature(engine, row)  # noqa: E731
     for path in args.rows:
         data = json.loads(path.read_text(encoding="utf-8"))
-        out = {name: [refeature(engine, r) for r in rows] for name, rows in data.items()}
+        out = {name: [measure(r) for r in rows] for name, rows in data.items()}
         target = path.with_name(path.stem + args.out_suffix + path.suffix)
         target.write_text(json.dumps(out), encoding="utf-8")
         print(f"{target}: {sum(len(r) for r in out.values())} rows")
