@@ -193,3 +193,28 @@ def test_rows_carry_the_kind_and_calibration_reads_it(tmp_path):
     del right[0]["kind"]  # rows recorded before the feature existed: the kind asked
     path.write_text(json.dumps({"answerable": right[:1], "unanswerable": []}))
     assert labelled([path])[0][0].kind == 1.0
+
+
+def test_strict_the_key_sentence_may_not_invent_a_name_beside_a_backed_one():
+    question = "Which album is Risingson the first single from?"
+    quote = "The album was released on 20 April 1998."
+    said = "Risingson is the first single from the album Slo-Lo-Lo, released on 20 April 1998."
+    assert supplies("thing", said, [quote], question)
+    assert not supplies("thing", said, [quote], question, strict=True)  # Slo-Lo-Lo
+    assert answer_kind(question, said, [_cite(said, quote)], strict=True) == 0.0
+    backed = "Risingson is the first single from the album Mezzanine, released in April."
+    cited = [_cite(backed, "Mezzanine is an album released in April 1998.")]
+    assert answer_kind(question, backed, cited, strict=True) == 1.0
+
+
+def test_a_passing_mention_is_not_a_fact_about_an_option():
+    question = "Are both Superdrag and Collective Soul rock bands?"
+    answer = "Yes, Superdrag and Collective Soul are both rock bands."
+    mention = _cite(answer, "Industry Giants is the fifth album by the band Superdrag.")
+    tour = _cite(
+        answer, "The tour was by the rock band Collective Soul.", title="Collective Soul Tour"
+    )
+    assert answer_kind(question, answer, [mention, tour]) == 0.0  # Superdrag only mentioned
+    subject = _cite(answer, "Superdrag was an American rock band.", title="Industry", index=3)
+    assert answer_kind(question, answer, [mention, tour, subject]) == 1.0  # it opens a quote
+    assert option_keys("Honda H") == {"honda"}  # one letter names nothing by itself

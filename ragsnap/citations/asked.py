@@ -10,9 +10,12 @@ cheap, lexical signs, read from the question's form and the answer's quotes:
   must supply one of that kind that its quotes back and the question does not already
   name (:func:`supplies`);
 - *choices* ("Which director lived longer, X or Y?") and *pairs* ("Are X and Y both
-  tennis players?"): the answer compares named things, so the quotes must hold facts
-  about every one of them, not about one alone (:func:`options_quoted`); a choice must
-  also name one of its options.
+  tennis players?"): the answer compares named things, so it must quote facts about
+  every one of them, not about one alone: for each, a cited document about it (its
+  title names it) or a quoted sentence whose subject it is (it opens the sentence)
+  (:func:`options_about`); a sentence that merely mentions it in passing ("... the
+  fifth album by the band Superdrag") is not a fact about it. A choice must also name
+  one of its options.
 
 :func:`answer_kind` combines them into the rule's ``kind`` feature (1.0: answers the kind
 asked, 0.0: does not). A question whose form tells nothing (``open``: "how are ...
@@ -167,19 +170,25 @@ def of_kind(claim: Claim, kind: str) -> bool:
     return True
 
 
-def supplies(kind: str, sentence: str, quotes: Iterable[str], question: str) -> bool:
+def supplies(
+    kind: str, sentence: str, quotes: Iterable[str], question: str, strict: bool = False
+) -> bool:
     """Whether ``sentence`` says something of ``kind`` that ``quotes`` back and
-    ``question`` does not name (a ``thing``: any such claim)."""
+    ``question`` does not name (a ``thing``: any such claim); with ``strict``, also no
+    number or name the question does not name that they do not back (an invented
+    answer beside a backed one)."""
     backed = set().union(*(claim_keys(q) for q in quotes))
     asked = claim_keys(question)
-    return any(
-        c.key in backed and c.key not in asked and of_kind(c, kind) for c in claims(sentence)
-    )
+    new = [c for c in claims(sentence) if c.key not in asked]
+    if strict and any(c.kind in ("number", "entity") and c.key not in backed for c in new):
+        return False
+    return any(c.key in backed and of_kind(c, kind) for c in new)
 
 
 def option_keys(option: str) -> set[str]:
-    """The keys that name ``option``: its names' keys, else all its claims' keys."""
-    said = claims(" " + option)  # not at a sentence's start: capitals read as names
+    """The keys that name ``option``: its names' keys, else all its claims' keys (a
+    single letter, as in "Honda H", names nothing by itself)."""
+    said = [c for c in claims(" " + option) if len(c.key) > 1]  # a capital read as a name
     named = {c.key for c in said if is_name(c)}
     return named or {c.key for c in said}
 
@@ -195,6 +204,29 @@ def options_quoted(options: Sequence[str], quotes: Iterable[str]) -> bool:
     return True
 
 
+def _names_all(keys: set[str], text: str) -> bool:
+    return bool(keys) and keys <= claim_keys(text)
+
+
+def _opens_with(keys: set[str], sentence: str) -> bool:
+    """Whether ``sentence`` opens with what ``keys`` name (they are among its first
+    claims: its subject)."""
+    head = {c.key for c in claims(" " + sentence)[: len(keys) + 1]}
+    return bool(keys) and keys <= head
+
+
+def options_about(options: Sequence[str], citations: Sequence[Citation]) -> bool:
+    """Whether ``citations`` quote a fact about every option: a cited document whose
+    title names it (all its naming keys), or a quoted sentence it opens."""
+    for option in options:
+        keys = option_keys(option)
+        titled = any(_names_all(keys, c.title) for c in citations if c.quotes)
+        opened = any(_opens_with(keys, q.text) for c in citations for q in c.quotes)
+        if keys and not (titled or opened):
+            return False
+    return True
+
+
 def all_quotes(citations: Sequence[Citation]) -> list[str]:
     """Every quote of ``citations`` and their documents' titles."""
     out: list[str] = []
@@ -204,13 +236,17 @@ def all_quotes(citations: Sequence[Citation]) -> list[str]:
     return out
 
 
-def answer_kind(question: str, answer: str, citations: Sequence[Citation]) -> float:
+def answer_kind(
+    question: str, answer: str, citations: Sequence[Citation], strict: bool = False
+) -> float:
     """1.0 when ``answer`` supplies the kind of thing ``question`` asks for, else 0.0:
-    the quotes must hold every option a choice or a pair names; a choice's answer must
+    the citations must quote a fact about every option a choice or a pair names
+    (:func:`options_about`); a choice's answer must
     name one of them; otherwise the key sentence must say something of the asked kind
-    its quotes back (:func:`supplies`). 1.0 for an ``open`` question without options."""
+    its quotes back (:func:`supplies`, ``strict`` there). 1.0 for an ``open`` question
+    without options."""
     asked = asked_kind(question)
-    if asked.options and not options_quoted(asked.options, all_quotes(citations)):
+    if asked.options and not options_about(asked.options, citations):
         return 0.0
     if asked.kind in ("open", "pair"):
         return 1.0
@@ -221,4 +257,4 @@ def answer_kind(question: str, answer: str, citations: Sequence[Citation]) -> fl
     if key is None:
         return 0.0
     quotes = sentence_quotes(key, citations)
-    return 1.0 if supplies(asked.kind, key.text, quotes, question) else 0.0
+    return 1.0 if supplies(asked.kind, key.text, quotes, question, strict) else 0.0

@@ -29,7 +29,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ragsnap.citations.asked import all_quotes, answer_kind, asked_kind, options_quoted, supplies
+from ragsnap.citations.asked import (
+    all_quotes,
+    answer_kind,
+    asked_kind,
+    options_about,
+    options_quoted,
+    supplies,
+)
 from ragsnap.citations.lift import key_sentence, sentence_quotes
 from ragsnap.citations.model import Citation
 from ragsnap.citations.relevance import HARD_KINDS, cited_documents, coverage, missing_kinds
@@ -192,7 +199,9 @@ def answer_features(
 def kind_features(question: str, answer: str, citations: Sequence[Citation]) -> dict[str, Any]:
     """Whether the answer supplies the kind of thing asked (:mod:`ragsnap.citations.asked`;
     lexical, no model), with what it is read from: the asked kind and options, whether
-    every option is quoted, and whether any quote of the answer (not only the key
+    every option is quoted at all (``options_quoted``) and as a fact about it
+    (``options_about``, what the kind reads), the kind with no invented number or name
+    beside the backed answer (``kind_strict``), and whether any quote of the answer (not only the key
     sentence's) backs something of the asked kind (``kind_any``)."""
     asked = asked_kind(question)
     quotes = all_quotes(citations)
@@ -200,10 +209,12 @@ def kind_features(question: str, answer: str, citations: Sequence[Citation]) -> 
     text = key.text if key is not None else ""
     return {
         "kind": answer_kind(question, answer, citations),
+        "kind_strict": answer_kind(question, answer, citations, strict=True),
         "asked": asked.kind,
         "asked_noun": asked.noun,
         "asked_options": list(asked.options),
         "options_quoted": options_quoted(asked.options, quotes) if asked.options else None,
+        "options_about": options_about(asked.options, citations) if asked.options else None,
         "kind_any": supplies(asked.kind, text, quotes, question)
         if asked.kind not in ("open", "pair", "choice")
         else None,
