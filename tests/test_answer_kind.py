@@ -59,6 +59,7 @@ def _cite(answer: str, *quotes: str, title: str = "T", index: int = 1) -> Citati
         ("Which disease is treated with Risdiplam?", "thing"),
         ("What type of cable is it used for?", "thing"),
         ("How are elephants connected to Gajabrishta?", "open"),
+        ("Is the Golden Gate Bridge red?", "yesno"),
     ],
 )
 def test_the_question_s_form_tells_the_kind_asked(question, kind):
@@ -133,7 +134,13 @@ def test_a_pair_question_needs_facts_about_both():
 
 
 def test_an_open_question_and_an_answer_without_a_key_sentence():
-    assert answer_kind("How are elephants connected to Gajabrishta?", "Anything.", []) == 1.0
+    open_question = "How are elephants connected to Gajabrishta?"
+    said = "Elephants are connected to Gajabrishta through Sanskrit."
+    assert answer_kind(open_question, said, [_cite(said, "Gajabrishta is Sanskrit.")]) == 1.0
+    # nothing its quotes back beyond the question's own words
+    assert answer_kind(open_question, said, [_cite(said, "Elephants are large.")]) == 0.0
+    said = "Yes, the Golden Gate Bridge is red."
+    assert answer_kind("Is the Golden Gate Bridge red?", said, []) == 1.0  # a yes is enough
     restated = "The Golden Gate Bridge was opened."  # restates the question: no key sentence
     assert answer_kind("When was the Golden Gate Bridge opened?", restated, []) == 0.0
 
@@ -169,7 +176,7 @@ def test_the_verdict_and_the_engine_read_the_kind(monkeypatch):
     engine.citing.lift_rule = LiftRule(1.0, 0.0, 1.0, -1.5, 1.0, kind_lowers_lift=True)
     found = engine.citing.key_evidence("When was t5 made?", answer, cited, docs)
     assert found.kind == 0.0 and calls == []  # no date: the lowest lift, decided
-    found = engine.citing.key_evidence("How are t5 and t9 linked?", answer, cited, docs)
+    found = engine.citing.key_evidence("Which t9 is it?", answer, cited, docs)
     assert found.kind == 1.0 and calls == [1]
 
 

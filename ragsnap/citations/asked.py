@@ -19,7 +19,7 @@ cheap, lexical signs, read from the question's form and the answer's quotes:
 
 :func:`answer_kind` combines them into the rule's ``kind`` feature (1.0: answers the kind
 asked, 0.0: does not). A question whose form tells nothing (``open``: "how are ...
-connected", "why") always gets 1.0.
+connected", "why") asks for some thing: any backed claim it does not name.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ragsnap.citations.claims import Claim, claim_keys, claims
 from ragsnap.citations.lift import key_sentence, sentence_quotes
 from ragsnap.citations.model import Citation
 
-KINDS = ("date", "number", "name", "thing", "choice", "pair", "open")
+KINDS = ("date", "number", "name", "thing", "choice", "pair", "yesno", "open")
 
 _MONTHS = frozenset(
     """january february march april may june july august september october november
@@ -131,7 +131,7 @@ def asked_kind(question: str) -> Asked:
         if pair is not None:
             return Asked("pair", together)
         bare = _BARE_CHOICE.search(text)
-        return Asked("choice", _options(bare)) if bare is not None else Asked("open")
+        return Asked("choice", _options(bare)) if bare is not None else Asked("yesno")
     wh = _wh_match(text)
     if wh is None:
         bare = _BARE_CHOICE.search(text)
@@ -243,12 +243,12 @@ def answer_kind(
     the citations must quote a fact about every option a choice or a pair names
     (:func:`options_about`); a choice's answer must
     name one of them; otherwise the key sentence must say something of the asked kind
-    its quotes back (:func:`supplies`, ``strict`` there). 1.0 for an ``open`` question
-    without options."""
+    its quotes back (:func:`supplies`, ``strict`` there; an ``open`` question: any
+    claim)."""
     asked = asked_kind(question)
     if asked.options and not options_about(asked.options, citations):
         return 0.0
-    if asked.kind in ("open", "pair"):
+    if asked.kind in ("pair", "yesno"):  # a yes or a no supplies nothing new
         return 1.0
     if asked.kind == "choice":
         said = claim_keys(answer)

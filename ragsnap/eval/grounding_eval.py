@@ -216,7 +216,7 @@ def kind_features(question: str, answer: str, citations: Sequence[Citation]) -> 
         "options_quoted": options_quoted(asked.options, quotes) if asked.options else None,
         "options_about": options_about(asked.options, citations) if asked.options else None,
         "kind_any": supplies(asked.kind, text, quotes, question)
-        if asked.kind not in ("open", "pair", "choice")
+        if asked.kind not in ("pair", "yesno", "choice")
         else None,
     }
 
