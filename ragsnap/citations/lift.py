@@ -9,8 +9,11 @@ no document (same chat template, one short pass per condition;
 much likelier with it; an answer from memory, or one naming what the quote does not
 hold, is not.
 
-The rule is logistic over three features: the lexical share (the share of the answer's
-claims in supported sentences), whether the key sentence is supported, and the lift;
+The rule is logistic over the lexical share (the share of the answer's claims in
+supported sentences), whether the key sentence is supported, the lift, and (session 25-26)
+the question's coverage by the cited documents (:mod:`ragsnap.citations.relevance`), the
+question's lift and whether the answer supplies the kind of thing asked
+(:mod:`ragsnap.citations.asked`), each weighted per profile;
 ``grounded`` when the probability reaches 0.5, ``score`` that probability. Its weights are
 calibrated per model on held-out items (``ragsnap.eval.grounding_calibrate``) and ship in
 ``ragsnap/citations/profiles/<model fingerprint>.json``; a model without one keeps the
