@@ -4,7 +4,8 @@ Reads 16 held-out passages (HotpotQA items after ``--skip``) once, then for ``--
 prompts of 8 of them prefills cold and through the per-document tier at ``--share``, and
 prints the mean seconds per prompt of each stage: loading the pieces, re-encoding and
 placing them, the question probe, the recompute, the deviation pass (when selected), and
-the whole reused prefill (the rest is the tail's prefill and the press).
+the whole reused prefill (the rest is the tail's prefill and the press); and what a cold
+miss pays after its answer to compute its documents' pieces for the tier.
 
     .venv/bin/python scripts/reuse_profile.py --share 0.12 --items 6
 """
@@ -94,6 +95,14 @@ def main() -> None:
         assert report.tier == "documents", report.reuse_note
         store.delete(tier.entry_keys(layout, press, question, namespace)[0])
         seconds["cold prefill"] += cold
+        # what a miss pays after its answer to store its documents' pieces
+        slots = [s for s in tier.documents.slots(layout, namespace) if s is not None]
+        head_ids = layout.input_ids[: layout.doc_spans[0][0]]
+        started = time.perf_counter()
+        tier.runner.document_pieces(
+            head_ids, [s.body for s in slots], tier.documents.head(head_ids)
+        )
+        seconds["pieces of a miss (after its answer)"] += time.perf_counter() - started
         seconds["reused prefill"] += reused
         ratios.append(cold / reused)
     out: dict[str, Any] = {k: round(v / args.items, 3) for k, v in seconds.items()}

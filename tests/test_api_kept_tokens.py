@@ -85,8 +85,9 @@ def test_a_cache_hit_has_the_same_map(base_url):
     request = body(question="What do honeybees do?")
     first = httpx.post(f"{base_url}/v1/answer", json=request, timeout=120).json()
     again = httpx.post(f"{base_url}/v1/answer", json=request, timeout=120).json()
-    # a prefix hit when an earlier test sent these documents; then the whole answer is cached
-    assert first["stats"]["cache"] in {"miss", "prefix-hit"} and again["stats"]["cache"] == "hit"
+    # computed the first time (from the prefix or document tiers when an earlier test sent
+    # these documents); then the whole answer is cached
+    assert first["stats"]["cache"] != "hit" and again["stats"]["cache"] == "hit"
     assert again["kept_tokens"] == first["kept_tokens"]
     assert any(s["share"] < 1.0 for m in again["kept_tokens"] for s in m["spans"])
 

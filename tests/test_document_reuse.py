@@ -280,7 +280,6 @@ def _engine_loaded(arch: str) -> LoadedModel:
 def _engine(tmp_path, arch: str = "llama", share: float = 0.15, **kwargs) -> RagSnapEngine:
     loaded = _engine_loaded(arch)
     store = open_store(f"file://{tmp_path}")
-    kwargs.setdefault("document_cache", True)  # opt-in
     return RagSnapEngine(loaded, store=store, recompute_share=share, **kwargs)
 
 
@@ -505,13 +504,12 @@ def test_bench_reuse_serves_every_share_from_the_tier(engine, tmp_path, capsys, 
     assert shares["0.0"]["kl_over_concat"] == 1.0
 
 
-def test_with_the_document_tier_seen_documents_are_served_from_the_tiers(tmp_path):
+def test_by_default_seen_documents_are_served_from_the_tiers(tmp_path):
     """Issue 44: under the default relevance order a new question re-orders the documents;
-    with the per-document tier on (off by default until issue 44's targets hold) it is
-    still served from the tiers, and so is a new combination."""
-    eng = RagSnapEngine(
-        _engine_loaded("llama"), store=open_store(f"file://{tmp_path}"), document_cache=True
-    )
+    with default settings (the per-document tier is on) it is still served from the tiers,
+    and so is a new combination of seen passages."""
+    eng = RagSnapEngine(_engine_loaded("llama"), store=open_store(f"file://{tmp_path}"))
+    assert eng.config.document_cache
     opts = AnswerOptions(
         press=SnapKVPress(budget=48, window=8), generation=GenerationConfig(max_new_tokens=4)
     )

@@ -78,7 +78,8 @@ def test_a_miss_reports_the_bytes_it_stores_after_the_answer(tmp_path):
     written = first.done.stats.cache_bytes_written
     assert first.done.stats.cache == "miss" and again.done.stats.cache == "hit"
     stored = sum(p.stat().st_size for p in tmp_path.rglob("*.kv"))
-    # the compressed and the prefix entry's tensors, counted before they were written
+    # the compressed, the prefix and the document entries' tensors, counted before they
+    # were written
     assert 0.5 * stored < written <= stored
     assert again.done.stats.cache_bytes_written == 0
 

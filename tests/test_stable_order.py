@@ -48,8 +48,9 @@ def test_a_new_question_over_a_seen_set_is_laid_out_as_the_first_and_hits_its_pr
     # the record is in the store: another replica (a new engine on it) replays it too
     replica = RagSnapEngine(_engine_loaded("llama"), store=open_store(f"file://{tmp_path}"))
     assert ids(replica.prompt_of(SECOND, DOCS, STABLE)) == first_order
-    # under relevance the second question changes the prefix: a miss (what stable avoids)
-    assert engine.answer(SECOND, DOCS, RELEVANCE).stats.cache == "miss"
+    # under relevance the second question changes the prefix (what stable avoids): no
+    # prefix hit, the per-document tier serves it
+    assert engine.answer(SECOND, DOCS, RELEVANCE).stats.cache == "document-hit"
 
 
 def test_a_set_is_recorded_per_namespace_and_per_set(engine) -> None:

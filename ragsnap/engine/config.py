@@ -82,12 +82,11 @@ class EngineConfig(BaseSettings):
         description="when a document prefix is written to the store: once its document set "
         "recurs (first seen, it is kept in this process's memory only), or after every miss",
     )
-    # off until issue 44's targets hold (at n = 8: first token 2.21x sooner, against 2.5x,
-    # KL 0.49 of plain concatenation's, against a third; docs/results.md, "Reuse by default")
+    # on since issue 44's targets held at n = 100 (docs/results.md, "Reuse on by default")
     document_cache: bool = Field(
-        default=False,
-        description="keep each document's KV and reuse it in new combinations and orders "
-        "(approximate: see bench reuse)",
+        default=True,
+        description="keep each document's KV and reuse it in new combinations and orders, "
+        "a share of its tokens recomputed (approximate: see bench reuse)",
     )
     recompute_share: float = Field(
         default=DEFAULT_RECOMPUTE_SHARE,

@@ -546,7 +546,7 @@ class CachedPrefill:
         """Leave ``prefix``'s entry for the store thread to write after the answer."""
         self.memory_only.pop(pkey, None)
         report.pending.append((pkey, self._prefix_payload(prefix, layout)))
-        report.bytes_written += self._stored_bytes(prefix)
+        report.bytes_written += self.stored_bytes(prefix)
 
     def _prefix_payload(self, prefix: Layers, layout: PromptLayout) -> Callable[[], bytes]:
         loaded = self.loaded
@@ -558,8 +558,9 @@ class CachedPrefill:
             storage_dtype=self.storage_dtype,
         )
 
-    def _stored_bytes(self, layers: Layers) -> int:
-        """The tensor bytes of ``layers`` in the storage dtype (what a prefix entry holds)."""
+    def stored_bytes(self, layers: Layers) -> int:
+        """The tensor bytes of ``layers`` in the storage dtype (what a prefix or document
+        entry holds)."""
         size = self.storage_dtype.itemsize if self.storage_dtype is not None else None
         scales = 4 if self.storage_dtype == torch.int8 else 0  # a float32 scale per vector
         return sum(

@@ -40,11 +40,12 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # assemble when at least this share of the documents comes from the tier (the rest is
 # computed alone on the spot); below it a cold prefill is cheaper than pieces + recompute
 MIN_REUSED_SHARE = 0.5
-# below CacheBlend's 0.15: the smallest share whose first token stayed >= 2.5x cold with
-# the question selection (2.55x; 0.15 gave 2.34x) on held-out and evaluated items (issue 44;
-# docs/results.md, session 24); at n = 100 (session 25) 2.34x and KL 0.343 of plain
-# concatenation's: both just short of the issue's 2.5x and one third
-DEFAULT_RECOMPUTE_SHARE = 0.12
+# CacheBlend's share: on 12 held-out items (60+ of HotpotQA and BioASQ factoid) the first
+# share whose KL to the cold answer is under a third of plain concatenation's with the
+# question selection (0.285; 0.12 gave 0.346), at 3.58x the cold first token (AMD EPYC,
+# float32, 1 thread; on a Xeon with AMX in bfloat16 about 2.35x). issue 44, docs/results.md
+# "Reuse on by default (issue 44, session 26)"
+DEFAULT_RECOMPUTE_SHARE = 0.15
 
 
 class TierOwner(Protocol):
@@ -59,6 +60,7 @@ class TierOwner(Protocol):
     def model_identity(self) -> dict[str, str]: ...
     def storage_label(self) -> str | None: ...
     def entry_identity(self) -> dict[str, Any]: ...
+    def stored_bytes(self, layers: Layers) -> int: ...
 
 
 class DocumentRunner(Protocol):
@@ -194,6 +196,7 @@ class DocumentTier:
         for slot, layers in zip(missing, computed, strict=True):
             found[slot.index] = layers
             report.pending.append((slot.key, self._payload(slot, _constant(layers))))
+        self._count_written(missing, head_layers, report)
         placed = [PlacedPiece(found[s.index], head_len, s.start) for s in usable]
         blend = self.runner.blend_prefix(
             layout.input_ids[: layout.prefix_len],
@@ -252,6 +255,15 @@ class DocumentTier:
 
         for i, slot in enumerate(missing):
             report.pending.append((slot.key, self._payload(slot, _item(pieces, i))))
+        self._count_written(missing, self.head(head), report)
+
+    def _count_written(
+        self, slots: Sequence[DocumentSlot], head: Layers, report: CacheReport
+    ) -> None:
+        """Add the stored bytes of ``slots``' pieces to ``report`` before they are computed:
+        a piece holds per token what the head's KV (``[1, Hkv, h, D]`` per layer) does."""
+        per_token = self.owner.stored_bytes(head) / head[0][0].shape[2]
+        report.bytes_written += round(per_token * sum(len(s.body) for s in slots))
 
     def _payload(self, slot: DocumentSlot, layers: Callable[[], Layers]) -> Callable[[], bytes]:
         loaded, dtype = self.owner.loaded, self.owner.storage_dtype
