@@ -283,11 +283,13 @@ def test_a_damaged_entry_is_counted_in_metrics(engine, tmp_path):
     from ragsnap.cache import open_store
     from ragsnap.engine.engine import RagSnapEngine
 
-    # no prefix tier and no loaded copy of the entry: the repeat reads the damaged file
+    # no prefix or document tier and no loaded copy of the entry: the repeat reads the
+    # damaged file and computes the answer again
     eng = RagSnapEngine(
         engine.loaded,
         store=open_store(f"file://{tmp_path}"),
         prefix_cache=False,
+        document_cache=False,
         hit_memory_mb=0,
     )
     ns_docs = [{"id": uuid.uuid4().hex, "text": "The Moon pulls the oceans."}]
