@@ -265,6 +265,11 @@ class AnswerResponse(BaseModel):
     unsupported_sentences: list[list[int]] = Field(
         default_factory=list, description="[start, end] of answer sentences no quote backs"
     )
+    not_in_documents: list[str] = Field(
+        default_factory=list,
+        description="the question's numbers and names no document mentions (then the "
+        "answer is not grounded)",
+    )
     model_answer: str | None = Field(
         default=None, description="the model's answer, when unsupported=abstain replaced it"
     )

@@ -14,7 +14,9 @@ supported sentences), whether the key sentence is supported, the lift, and (sess
 the question's coverage by the cited documents (:mod:`ragsnap.citations.relevance`), the
 question's lift and whether the answer supplies the kind of thing asked
 (:mod:`ragsnap.citations.asked`), each weighted per profile;
-``grounded`` when the probability reaches 0.5, ``score`` that probability. Its weights are
+``grounded`` when the probability reaches 0.5, ``score`` that probability. With the
+profile's ``named_gate`` (session 27) an answer to a question naming something no
+document mentions (:mod:`ragsnap.citations.named`) is not grounded, probability 0. Its weights are
 calibrated per model on held-out items (``ragsnap.eval.grounding_calibrate``) and ship in
 ``ragsnap/citations/profiles/<model fingerprint>.json``; a model without one keeps the
 lexical verdict.
@@ -44,7 +46,8 @@ class LiftRule:
     asked (:mod:`ragsnap.citations.asked`). With ``plain_only`` the lift may not rescue a
     key sentence whose missing claims include a number, date or name: its ``L`` is at
     most 0. With ``kind_lowers_lift`` an answer that does not supply the kind asked gets
-    the lowest lifts (``L`` and ``Q`` both ``-clip``)."""
+    the lowest lifts (``L`` and ``Q`` both ``-clip``). With ``named_gate`` the probability
+    is 0 when the documents do not name all the question names (``named`` 0.0)."""
 
     lexical: float
     answer: float
@@ -56,6 +59,7 @@ class LiftRule:
     plain_only: bool = False
     kind: float = 0.0
     kind_lowers_lift: bool = False
+    named_gate: bool = False
 
     def __post_init__(self) -> None:
         values = [self.lexical, self.answer, self.lift, self.bias, self.coverage]
@@ -70,9 +74,12 @@ class LiftRule:
         plain: float = 1.0,
         coverage: float = 1.0,
         kind: float = 1.0,
+        named: float = 1.0,
     ) -> bool | None:
         """The decision when no lifts within ``[-clip, clip]`` can change it (the pass is
         then skipped), else None."""
+        if self.gated(named):
+            return False
         z = self.bias + self.lexical * share + self.answer * key_supported
         z += self.coverage * coverage + self.kind * kind
         lowest = self.kind_lowers_lift and not kind
@@ -91,6 +98,11 @@ class LiftRule:
             return False
         return None
 
+    def gated(self, named: float) -> bool:
+        """Whether the named gate refuses an answer whose documents name ``named`` of
+        the question's names (1.0: all)."""
+        return self.named_gate and named < 1.0
+
     def _clipped(self, value: float | None) -> float:
         return max(-self.clip, min(self.clip, -self.clip if value is None else value))
 
@@ -108,6 +120,8 @@ class LiftRule:
 
     def probability(self, features: SupportFeatures) -> float:
         """The probability that the answer is grounded, given its ``features``."""
+        if self.gated(features.named):
+            return 0.0
         return 1 / (1 + math.exp(-self.logit(features)))
 
     @property
@@ -125,7 +139,9 @@ class SupportFeatures:
     of the question's claims its cited documents hold
     (:mod:`ragsnap.citations.relevance`); ``question_lift``: how much its quotes make the
     question likelier (None: not measured); ``kind``: 1.0 when the answer supplies the
-    kind of thing the question asks for (:mod:`ragsnap.citations.asked`), else 0.0."""
+    kind of thing the question asks for (:mod:`ragsnap.citations.asked`), else 0.0;
+    ``named``: 1.0 when the prompt's documents name every number and name of the
+    question (:mod:`ragsnap.citations.named`), else 0.0."""
 
     share: float
     key_supported: float
@@ -134,6 +150,7 @@ class SupportFeatures:
     coverage: float = 1.0
     question_lift: float | None = None
     kind: float = 1.0
+    named: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -141,7 +158,8 @@ class KeyEvidence:
     """What the engine found about the answer's key sentence: the sentence (None: none),
     its lift and the question's lift given its quotes (None: not measured), whether its
     missing claims are plain words, the question's coverage by its cited documents,
-    whether the answer supplies the kind of thing asked."""
+    whether the answer supplies the kind of thing asked, the question's numbers and names
+    no document of the prompt mentions."""
 
     key: Sentence | None
     lift: float | None
@@ -149,6 +167,7 @@ class KeyEvidence:
     coverage: float = 1.0
     question_lift: float | None = None
     kind: float = 1.0
+    not_in_documents: tuple[str, ...] = ()
 
 
 def key_sentence(answer: str, question: str) -> Sentence | None:
@@ -198,6 +217,7 @@ def support_features(
         evidence.coverage,
         evidence.question_lift if key is not None else None,
         evidence.kind,
+        0.0 if evidence.not_in_documents else 1.0,
     )
 
 

@@ -95,7 +95,8 @@ def judge(
     ``model_answer``). Model markers alone carry no evidence: no verdict. With a ``rule``
     and the answer's key sentence and its lift (``key_lift``: a pair, or the
     :class:`~ragsnap.citations.lift.KeyEvidence` the engine found), the rule decides
-    (:func:`with_lift`); else the lexical verdict stands."""
+    (:func:`with_lift`); else the lexical verdict stands. The evidence's
+    ``not_in_documents`` (the question's names no document mentions) is reported."""
     if options.mode != "attribution":
         return done
     verdict = grounding(done.answer, done.citations, options.support)
@@ -104,11 +105,13 @@ def judge(
             verdict = with_lift(verdict, key_lift.key, key_lift.lift, rule, key_lift)
         else:
             verdict = with_lift(verdict, *key_lift, rule)
+    missing = list(key_lift.not_in_documents) if isinstance(key_lift, KeyEvidence) else []
     done = replace(  # type: ignore[type-var]  # a DoneEvent: a dataclass
         done,
         grounded=verdict.grounded,
         grounded_score=verdict.score,
         unsupported_sentences=[list(span) for span in verdict.unsupported],
+        not_in_documents=missing,
     )
     if options.unsupported == "abstain" and verdict.grounded is False:
         done = replace(done, answer=options.abstain_text, model_answer=done.answer)  # type: ignore[type-var]

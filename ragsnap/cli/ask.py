@@ -199,6 +199,9 @@ def grounding_line(done: DoneEvent) -> str:
     line = f"grounded: {'yes' if done.grounded else 'no'} (score {done.grounded_score:.2f})"
     for start, end in done.unsupported_sentences:
         line += f'\n    not backed by its quotes: "{spoken[start:end]}"'
+    if done.not_in_documents:
+        named = ", ".join(f'"{name}"' for name in done.not_in_documents)
+        line += f"\n    the documents never mention: {named}"
     if done.model_answer is not None:
         line += f"\nabstained: {done.answer}"
     return line

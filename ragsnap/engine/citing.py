@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from ragsnap.citations.lift import (
     support_features,
 )
 from ragsnap.citations.markers import MarkerConstraint, marker_candidates, vocabulary_texts
+from ragsnap.citations.named import not_in_documents
 from ragsnap.citations.relevance import answer_coverage, plain_missing
 from ragsnap.citations.sentences import Sentence
 from ragsnap.citations.support import SupportRule
@@ -89,10 +91,16 @@ class AnswerCiting:
         answer = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
         started = time.perf_counter()
         key_lift = None
-        if self.lift_rule is not None and prepared.options.citations.mode == "attribution":
+        if prepared.options.citations.mode == "attribution":
             support = prepared.options.citations.support
             documents = prepared.layout.documents
-            key_lift = self.key_evidence(prepared.question, answer, citations, documents, support)
+            if self.lift_rule is not None:
+                key_lift = self.key_evidence(
+                    prepared.question, answer, citations, documents, support
+                )
+            else:  # no rule to decide: what the documents never name is still reported
+                missing = tuple(not_in_documents(prepared.question, documents))
+                key_lift = KeyEvidence(None, None, not_in_documents=missing)
         cite_s += time.perf_counter() - started
         done = DoneEvent(
             answer=answer,
@@ -129,35 +137,40 @@ class AnswerCiting:
         """The answer's key sentence, whether what no quote backs in it is plain words,
         the question's coverage by the ``documents`` the answer cites (the prompt's order,
         as citations count them; 1.0 without documents), whether the answer supplies the
-        kind of thing asked (lexical, :mod:`ragsnap.citations.asked`), and the lifts: the
-        key sentence's and, when the rule reads it, the question's given its quotes, both
-        rows in one short pass. The pass is skipped (lifts 0.0) when the lexical features
-        already decide the rule (``gate``); lifts None without a key sentence or a quote
-        cited for it."""
+        kind of thing asked (lexical, :mod:`ragsnap.citations.asked`), the question's
+        numbers and names no document holds (:mod:`ragsnap.citations.named`), and the
+        lifts: the key sentence's and, when the rule reads it, the question's given its
+        quotes, both rows in one short pass. The pass is skipped (lifts 0.0) when the
+        lexical features already decide the rule (``gate``); lifts None without a key
+        sentence or a quote cited for it."""
         covered = answer_coverage(question, citations, documents) if documents else 1.0
+        missing = tuple(not_in_documents(question, documents))
         kind = answer_kind(question, answer, citations)
+        found = KeyEvidence(None, None, True, covered, kind=kind, not_in_documents=missing)
         key = key_sentence(answer, question)
         if key is None:
-            return KeyEvidence(None, None, True, covered, kind=kind)
+            return found
         quotes = sentence_quotes(key, citations)
-        plain = plain_missing(key, citations)
+        found = replace(found, key=key, plain=plain_missing(key, citations))
         if not quotes:
-            return KeyEvidence(key, None, plain, covered, kind=kind)
+            return found
         rule = self.lift_rule
         if gate and rule is not None:
             lexical = grounding(answer, citations, support)
             if lexical.score is None:
-                return KeyEvidence(key, None, plain, covered, kind=kind)
-            known = support_features(lexical.score, lexical.unsupported, key, 0.0)
-            settled = rule.decided(known.share, known.key_supported, float(plain), covered, kind)
+                return found
+            known = support_features(lexical.score, lexical.unsupported, key, 0.0, found)
+            settled = rule.decided(
+                known.share, known.key_supported, known.plain, covered, kind, known.named
+            )
             if settled is not None:
-                return KeyEvidence(key, 0.0, plain, covered, 0.0, kind)
+                return replace(found, lift=0.0, question_lift=0.0)
         ask = not gate or (rule is not None and rule.asks_question)
         try:
             lift, asked = self.lifts(question, quotes, key.text, ask)
         except ValueError:  # nothing left to score once markers are removed
-            return KeyEvidence(key, None, plain, covered, kind=kind)
-        return KeyEvidence(key, lift, plain, covered, asked, kind)
+            return found
+        return replace(found, lift=lift, question_lift=asked)
 
     def lifts(
         self, question: str, quotes: list[str], sentence: str, ask: bool

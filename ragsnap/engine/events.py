@@ -51,7 +51,9 @@ class DoneEvent:
 
     The verdict (issue 43, ``ragsnap.citations.verdict``): ``grounded`` and
     ``grounded_score`` (None without evidence: markers mode, or nothing to check),
-    ``unsupported_sentences`` (``[start, end]`` offsets into the model's answer); when the
+    ``unsupported_sentences`` (``[start, end]`` offsets into the model's answer),
+    ``not_in_documents`` (the question's numbers and names no document mentions, as the
+    question writes them; :mod:`ragsnap.citations.named`); when the
     request said ``unsupported: "abstain"`` and the answer was not grounded, ``answer`` is
     the abstention text and ``model_answer`` the model's own (else None)."""
 
@@ -63,6 +65,7 @@ class DoneEvent:
     grounded: bool | None = None
     grounded_score: float | None = None
     unsupported_sentences: list[list[int]] = field(default_factory=list)
+    not_in_documents: list[str] = field(default_factory=list)
     model_answer: str | None = None
     type: str = "done"
 
@@ -72,6 +75,7 @@ class DoneEvent:
             "grounded": self.grounded,
             "grounded_score": self.grounded_score,
             "unsupported_sentences": self.unsupported_sentences,
+            "not_in_documents": self.not_in_documents,
             "model_answer": self.model_answer,
         }
 

@@ -6,8 +6,10 @@ rule over the lexical share, whether the key sentence is supported, its clipped
 likelihood lift and, per variant (:data:`VARIANTS`), the question's coverage by the
 cited documents (``--coverage-field`` names the row's variant), the question's lift and
 whether the answer supplies the kind of thing asked (``kind``, ``--kind-field``), with or
-without the rescue limited to plain words (``plain_only``) and the lowest lifts for an
-answer of the wrong kind (``kind_lowers_lift``). Positives are right
+without the rescue limited to plain words (``plain_only``), the lowest lifts for an
+answer of the wrong kind (``kind_lowers_lift``) and the named gate (``named_gate``: an
+answer to a question naming what no document mentions is not grounded; the weights are
+fitted on the other rows, the bias on all). Positives are right
 answers to answerable items (they should be grounded), negatives answers to unanswerable
 items (they should not); answerable items answered wrong are left out (containment
 cannot tell a wrong answer from a paraphrase). The classes are weighted equally; the
@@ -41,7 +43,7 @@ def labelled(
     """(features, 1 for a right answerable answer / 0 for an unanswerable one) per row
     that has a lexical score (an answer that asserts nothing has no verdict). Rows
     recorded before a feature existed read it as neutral (plain, full coverage, no
-    question lift, the kind asked); ``coverage_field`` and ``kind_field`` name the
+    question lift, the kind asked, every name in the documents); ``coverage_field`` and ``kind_field`` name the
     variants to read (a None kind reads as the kind asked)."""
     out = []
     for path in rows_files:
@@ -59,6 +61,7 @@ def labelled(
                 float(row.get(coverage_field, 1.0)),
                 row.get("question_lift"),
                 1.0 if row.get(kind_field, 1.0) in (None, True) else float(row[kind_field]),
+                float(row.get("named", 1.0)),
             )
             out.append((features, label))
     return out
@@ -98,13 +101,15 @@ def fit(
     l2: float = 0.01,
     unanswerable: float = 0.0,
     kind_lowers_lift: bool = False,
+    named_gate: bool = False,
 ) -> LiftRule:
     """A class-balanced logistic fit (L2 ``l2``) of the weights of the features in
     ``use`` (of :data:`FEATURES`; the others weigh 0), then the bias of
     :func:`best_bias`. With ``plain_only`` the key sentence's lift counts at most 0
     when a number, date or name in it is missing from its quotes; with
     ``kind_lowers_lift`` both lifts count as the lowest when the answer does not supply
-    the kind of thing asked."""
+    the kind of thing asked; with ``named_gate`` the rows the gate refuses (``named``
+    0.0) are left out of the fit and count as not grounded when the bias is chosen."""
 
     def row(f: SupportFeatures) -> list[float]:
         shape = LiftRule(1.0, 1.0, 1.0, 0.0, clip, 1.0, 1.0, plain_only, 1.0, kind_lowers_lift)
@@ -124,8 +129,9 @@ def fit(
         }
         return [values[name] if name in use else 0.0 for name in FEATURES]
 
-    x = torch.tensor([row(f) for f, _ in data], dtype=torch.float64)
-    y = torch.tensor([float(lab) for _, lab in data], dtype=torch.float64)
+    fitted = [(f, lab) for f, lab in data if not (named_gate and f.named < 1.0)] or data
+    x = torch.tensor([row(f) for f, _ in fitted], dtype=torch.float64)
+    y = torch.tensor([float(lab) for _, lab in fitted], dtype=torch.float64)
     weight = torch.where(y > 0, 0.5 / y.sum().clamp(min=1), 0.5 / (1 - y).sum().clamp(min=1))
     w = torch.zeros(len(FEATURES), dtype=torch.float64, requires_grad=True)
     b = torch.zeros(1, dtype=torch.float64, requires_grad=True)
@@ -153,14 +159,15 @@ def fit(
         plain_only,
         weights["kind"],
         kind_lowers_lift,
+        named_gate,
     )
-    z = [base.logit(f) for f, _ in data]
+    z = [None if base.gated(f.named) else base.logit(f) for f, _ in data]
     bias = best_bias(z, data, right_grounded, unanswerable)
     return LiftRule(**{**vars(base), "bias": bias})
 
 
 def best_bias(
-    z: Sequence[float],
+    z: Sequence[float | None],
     data: Sequence[tuple[SupportFeatures, int]],
     right_grounded: float,
     unanswerable: float = 0.0,
@@ -170,8 +177,8 @@ def best_bias(
     ``unanswerable`` of the negatives not grounded, the one with the largest smaller
     margin over its floor; when none meets both, the most positives grounded plus
     negatives not grounded (Youden's J) among those that keep ``right_grounded`` (all
-    cuts when none does)."""
-    scored = [(zi, y) for zi, (_, y) in zip(z, data, strict=True)]
+    cuts when none does). A None score is a row no bias grounds (the named gate's)."""
+    scored = [(zi, y) for zi, (_, y) in zip(z, data, strict=True) if zi is not None]
     pos = max(sum(y for _, y in data), 1)
     neg = max(sum(1 - y for _, y in data), 1)
     candidates = []
@@ -195,18 +202,21 @@ def best_bias(
 
 
 _COVERED = ("lexical", "answer", "lift", "coverage")
-# name: (features used, plain_only, kind_lowers_lift)
-VARIANTS: dict[str, tuple[tuple[str, ...], bool, bool]] = {
-    "without_lift": (("lexical", "answer"), False, False),
-    "with_lift": (("lexical", "answer", "lift"), False, False),
-    "plain_rescue": (("lexical", "answer", "lift"), True, False),
-    "plain_rescue_coverage": (_COVERED, True, False),
-    "plain_rescue_question": (("lexical", "answer", "lift", "question"), True, False),
-    "plain_rescue_both": ((*_COVERED, "question"), True, False),
-    "plain_rescue_coverage_kind": ((*_COVERED, "kind"), True, False),
-    "plain_rescue_coverage_kind_lowest": ((*_COVERED, "kind"), True, True),
-    "plain_rescue_coverage_lowest": (_COVERED, True, True),
-    "plain_rescue_both_kind_lowest": ((*_COVERED, "question", "kind"), True, True),
+# name: (features used, plain_only, kind_lowers_lift, named_gate)
+VARIANTS: dict[str, tuple[tuple[str, ...], bool, bool, bool]] = {
+    "without_lift": (("lexical", "answer"), False, False, False),
+    "with_lift": (("lexical", "answer", "lift"), False, False, False),
+    "plain_rescue": (("lexical", "answer", "lift"), True, False, False),
+    "plain_rescue_coverage": (_COVERED, True, False, False),
+    "plain_rescue_question": (("lexical", "answer", "lift", "question"), True, False, False),
+    "plain_rescue_both": ((*_COVERED, "question"), True, False, False),
+    "plain_rescue_coverage_kind": ((*_COVERED, "kind"), True, False, False),
+    "plain_rescue_coverage_kind_lowest": ((*_COVERED, "kind"), True, True, False),
+    "plain_rescue_coverage_lowest": (_COVERED, True, True, False),
+    "plain_rescue_both_kind_lowest": ((*_COVERED, "question", "kind"), True, True, False),
+    "plain_rescue_coverage_named": (_COVERED, True, False, True),
+    "plain_rescue_coverage_kind_named": ((*_COVERED, "kind"), True, False, True),
+    "plain_rescue_coverage_kind_lowest_named": ((*_COVERED, "kind"), True, True, True),
 }
 
 
@@ -236,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "coverage": auc(data, lambda f: f.coverage),
         "question_lift": auc(data, lambda f: -9.0 if f.question_lift is None else f.question_lift),
         "kind": auc(data, lambda f: f.kind),
+        "named": auc(data, lambda f: f.named),
     }
     report: dict[str, Any] = {
         "n_positive": sum(y for _, y in data),
@@ -244,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lexical_share_rule": rates(lexical, data),
     }
     rules = {}
-    for name, (use, plain_only, lowest) in VARIANTS.items():
+    for name, (use, plain_only, lowest, gate) in VARIANTS.items():
         rules[name] = fit(
             data,
             args.clip,
@@ -253,6 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             plain_only,
             unanswerable=args.unanswerable,
             kind_lowers_lift=lowest,
+            named_gate=gate,
         )
         report[name] = {"rule": vars(rules[name]), **rates(rules[name], data)}
     print(json.dumps(report, indent=2))

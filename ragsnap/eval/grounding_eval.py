@@ -142,15 +142,18 @@ def check_features(
 def prompt_documents(
     citations: Sequence[Citation], documents: Sequence[Document]
 ) -> list[Document]:
-    """The documents in the prompt's order as far as ``citations`` tell it (index ``i``
-    of a citation is entry ``i - 1``; entries no citation names are empty documents)."""
+    """Every document of ``documents``, the cited ones in the prompt's order (index
+    ``i`` of a citation is entry ``i - 1``); the others, in the given order, fill the
+    entries no citation names and follow."""
     by_id = {d.id: d for d in documents}
     size = max((c.index for c in citations), default=0)
-    out = [Document(id="", text="", title="") for _ in range(size)]
+    out: list[Document | None] = [None] * size
     for c in citations:
         if c.doc_id in by_id:
             out[c.index - 1] = by_id[c.doc_id]
-    return out
+    rest = iter([d for d in documents if all(d is not o for o in out)])
+    filled = [d if d is not None else next(rest, Document(id="", text="")) for d in out]
+    return filled + list(rest)
 
 
 def answer_features(
@@ -164,7 +167,8 @@ def answer_features(
     verdict, the key sentence's support, lift and missing kinds, the question's lift
     given the key sentence's quotes and its coverage by several texts (the answer, the
     key sentence's quotes, its cited documents, all cited documents; ``ent_``: its
-    numbers and names only)."""
+    numbers and names only), the question's names no document holds and ``named`` (1.0:
+    none)."""
     lexical: Verdict = grounding(answer, citations)
     found = engine.citing.key_evidence(question, answer, list(citations), cited, gate=False)
     key = found.key
@@ -172,7 +176,8 @@ def answer_features(
     quotes = sentence_quotes(key, citations) if key is not None else []
     mine = [cited[i - 1] for i in cited_documents(key, citations)] if key is not None else []
     docs = [t for d in mine for t in (d.title, d.text)]
-    every = [t for d in cited for t in (d.title, d.text)]
+    indices = sorted({c.index for c in citations if 0 < c.index <= len(cited)})
+    every = [t for i in indices for t in (cited[i - 1].title, cited[i - 1].text)]
     hard = HARD_KINDS
     return {
         "lexical_grounded": lexical.grounded,
@@ -184,6 +189,8 @@ def answer_features(
         "plain": found.plain,
         "key_missing": sorted(missing_kinds(key, citations)) if key is not None else [],
         "coverage": found.coverage,
+        "not_in_documents": list(found.not_in_documents),
+        "named": 0.0 if found.not_in_documents else 1.0,
         "cov_answer": coverage(question, [answer]),
         "cov_quotes": coverage(question, quotes),
         "cov_docs": coverage(question, docs),

@@ -52,7 +52,9 @@ def refeature(engine: Any, row: dict[str, Any]) -> dict[str, Any]:
     citations = [citation_from_dict(c) for c in row["citations"]]
     cited = recorded_documents(row)
     features = answer_features(engine, row["question"], row["model_answer"], citations, cited)
-    return {**row, **features}
+    # the uncited documents are not recorded: what the documents name stays as measured
+    kept = {k: row[k] for k in ("not_in_documents", "named") if k in row}
+    return {**row, **features, **kept}
 
 
 def relexical(row: dict[str, Any]) -> dict[str, Any]:

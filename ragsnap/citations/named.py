@@ -1,0 +1,43 @@
+"""Do the documents name what the question names (issue 43, session 27)?
+
+A question about something no document mentions cannot be answered from the documents,
+however well the answer's quotes back its words: with the one passage about "Slinzega"
+missing, a model asked "What Italian region does Slinzega come from?" copies a sentence
+about another town's region, quotes it faithfully and supplies a region, the kind asked.
+What it cannot do is find "Slinzega" in any document.
+
+:func:`not_in_documents` lists the question's numbers and names
+(:mod:`ragsnap.citations.claims`: capitalized words inside the sentence, acronyms,
+numbers, dates) that no document of the prompt holds, title or text, after the same
+normalization the support check uses (case, plurals, number words). The grounded rule's
+``named_gate`` (:class:`ragsnap.citations.lift.LiftRule`) refuses an answer while that
+list is not empty, and every route reports the list, so a user sees which of the
+question's names the documents never mention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ragsnap.citations.claims import claim_keys, claims
+from ragsnap.citations.relevance import HARD_KINDS
+from ragsnap.prompt.documents import Document
+
+
+def not_in_documents(question: str, documents: Iterable[Document]) -> list[str]:
+    """The numbers and names of ``question`` (as it writes them, first of repeats
+    only) that no title or text of ``documents`` holds; empty when the question names
+    none or every one is found."""
+    asked = [c for c in claims(question) if c.kind in HARD_KINDS]
+    if not asked:
+        return []
+    held: set[str] = set()
+    for document in documents:
+        held |= claim_keys(document.title) | claim_keys(document.text)
+    out: list[str] = []
+    seen: set[str] = set()
+    for claim in asked:
+        if claim.key not in held and claim.key not in seen:
+            out.append(claim.text)
+            seen.add(claim.key)
+    return out
