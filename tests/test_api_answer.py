@@ -76,6 +76,7 @@ def test_stream_events_in_order_then_same_answer_as_json(base_url):
         "grounded",
         "grounded_score",
         "unsupported_sentences",
+        "not_in_documents",
         "model_answer",
     }
     assert payload["grounded"] == done["grounded"] and payload["model_answer"] is None

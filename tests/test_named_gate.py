@@ -49,10 +49,14 @@ def test_the_names_no_document_mentions_are_listed_as_the_question_writes_them()
         "Games",
         "1994",
     ]
-    # a title counts; a name repeated is listed once; plain words are not names
+    # a title counts; a name repeated is listed once, as the word that holds it
     assert not_in_documents("Is Basilicata bigger than Basilicata's neighbours?", []) == [
         "Basilicata"
     ]
+    question = "Does FTO-guided demethylation of GADD46 drive myogenesis (KEYNOTE-522)?"
+    docs = [Document(id="1", text="FTO demethylates GADD45 mRNA.")]
+    assert not_in_documents(question, docs) == ["GADD46", "KEYNOTE-522"]
+    # plain words are not names
     assert not_in_documents("what is the region of the town?", [POLICORO]) == []
     assert (
         not_in_documents("Where is Policoro?", [Document(id="p", text="", title="Policoro")]) == []

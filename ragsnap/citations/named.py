@@ -17,17 +17,29 @@ question's names the documents never mention.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from ragsnap.citations.claims import claim_keys, claims
 from ragsnap.citations.relevance import HARD_KINDS
 from ragsnap.prompt.documents import Document
 
+_EDGES = "\"'“”‘’()[]{}<>,.;:!?"
+
+
+def _word_at(text: str, start: int, end: int) -> str:
+    """The whitespace-delimited word of ``text`` holding ``[start, end)``, without the
+    punctuation at its edges ("GADD46" for the claim "46" in "of GADD46?")."""
+    for word in re.finditer(r"\S+", text):
+        if word.start() <= start < word.end():
+            return word.group(0).strip(_EDGES) or text[start:end]
+    return text[start:end]
+
 
 def not_in_documents(question: str, documents: Iterable[Document]) -> list[str]:
-    """The numbers and names of ``question`` (as it writes them, first of repeats
-    only) that no title or text of ``documents`` holds; empty when the question names
-    none or every one is found."""
+    """The words of ``question`` holding a number or name (:mod:`ragsnap.citations.claims`)
+    that no title or text of ``documents`` holds, as the question writes them, without
+    repeats; empty when the question names none or every one is found."""
     asked = [c for c in claims(question) if c.kind in HARD_KINDS]
     if not asked:
         return []
@@ -37,7 +49,8 @@ def not_in_documents(question: str, documents: Iterable[Document]) -> list[str]:
     out: list[str] = []
     seen: set[str] = set()
     for claim in asked:
-        if claim.key not in held and claim.key not in seen:
-            out.append(claim.text)
-            seen.add(claim.key)
+        word = _word_at(question, claim.start, claim.end)
+        if claim.key not in held and claim.key not in seen and word not in out:
+            out.append(word)
+        seen.add(claim.key)
     return out
