@@ -53,9 +53,13 @@ def test_the_names_no_document_mentions_are_listed_as_the_question_writes_them()
     assert not_in_documents("Is Basilicata bigger than Basilicata's neighbours?", []) == [
         "Basilicata"
     ]
-    question = "Does FTO-guided demethylation of GADD46 drive myogenesis (KEYNOTE-522)?"
+    question = "Does FTO-guided demethylation of GADD46 drive myogenesis in KEYNOTE-522?"
     docs = [Document(id="1", text="FTO demethylates GADD45 mRNA.")]
     assert not_in_documents(question, docs) == ["GADD46", "KEYNOTE-522"]
+    # a gloss in parentheses restates what precedes it: not required
+    question = "How many DNaseI hypersensitive sites (DHS) mark the beta globin locus?"
+    docs = [Document(id="1", text="Five DNaseI hypersensitive sites (HSs) mark it.")]
+    assert not_in_documents(question, docs) == []
     # plain words are not names
     assert not_in_documents("what is the region of the town?", [POLICORO]) == []
     assert (

@@ -9,7 +9,8 @@ What it cannot do is find "Slinzega" in any document.
 :func:`not_in_documents` lists the question's numbers and names
 (:mod:`ragsnap.citations.claims`: capitalized words inside the sentence, acronyms,
 numbers, dates) that no document of the prompt holds, title or text, after the same
-normalization the support check uses (case, plurals, number words). The grounded rule's
+normalization the support check uses (case, plurals, number words); a gloss in
+parentheses ("DNaseI hypersensitive sites (DHS)") need not be found. The grounded rule's
 ``named_gate`` (:class:`ragsnap.citations.lift.LiftRule`) refuses an answer while that
 list is not empty, and every route reports the list, so a user sees which of the
 question's names the documents never mention.
@@ -24,6 +25,8 @@ from ragsnap.citations.claims import claim_keys, claims
 from ragsnap.citations.relevance import HARD_KINDS
 from ragsnap.prompt.documents import Document
 
+# a parenthesized gloss restates what precedes it ("hypersensitive sites (DHS)")
+_GLOSS = re.compile(r"\([^()]*\)")
 _EDGES = "\"'“”‘’()[]{}<>,.;:!?"
 
 
@@ -39,8 +42,15 @@ def _word_at(text: str, start: int, end: int) -> str:
 def not_in_documents(question: str, documents: Iterable[Document]) -> list[str]:
     """The words of ``question`` holding a number or name (:mod:`ragsnap.citations.claims`)
     that no title or text of ``documents`` holds, as the question writes them, without
-    repeats; empty when the question names none or every one is found."""
-    asked = [c for c in claims(question) if c.kind in HARD_KINDS]
+    repeats; empty when the question names none or every one is found. What the question
+    puts in parentheses glosses what precedes it (an abbreviation, an alias) and need
+    not be found."""
+    glosses = [m.span() for m in _GLOSS.finditer(question)]
+    asked = [
+        c
+        for c in claims(question)
+        if c.kind in HARD_KINDS and not any(a <= c.start < b for a, b in glosses)
+    ]
     if not asked:
         return []
     held: set[str] = set()
