@@ -16,10 +16,10 @@ question's lift and whether the answer supplies the kind of thing asked
 (:mod:`ragsnap.citations.asked`), each weighted per profile;
 ``grounded`` when the probability reaches 0.5, ``score`` that probability. With the
 profile's ``named_gate`` (session 27) an answer to a question naming something no
-document mentions (:mod:`ragsnap.citations.named`) is not grounded, probability 0. Its weights are
-calibrated per model on held-out items (``ragsnap.eval.grounding_calibrate``) and ship in
-``ragsnap/citations/profiles/<model fingerprint>.json``; a model without one keeps the
-lexical verdict.
+document mentions (:mod:`ragsnap.citations.named`) is not grounded, probability 0. Its
+weights are calibrated per model on held-out items (``ragsnap.eval.grounding_calibrate``)
+and ship in ``ragsnap/citations/profiles/<model fingerprint>.json``; a model without one
+keeps the lexical verdict.
 """
 
 from __future__ import annotations

@@ -43,8 +43,8 @@ def labelled(
     """(features, 1 for a right answerable answer / 0 for an unanswerable one) per row
     that has a lexical score (an answer that asserts nothing has no verdict). Rows
     recorded before a feature existed read it as neutral (plain, full coverage, no
-    question lift, the kind asked, every name in the documents); ``coverage_field`` and ``kind_field`` name the
-    variants to read (a None kind reads as the kind asked)."""
+    question lift, the kind asked, every name in the documents); ``coverage_field`` and
+    ``kind_field`` name the variants to read (a None kind reads as the kind asked)."""
     out = []
     for path in rows_files:
         data = json.loads(path.read_text(encoding="utf-8"))
