@@ -53,9 +53,12 @@ def not_in_documents(question: str, documents: Iterable[Document]) -> list[str]:
     ]
     if not asked:
         return []
+    wanted = {c.key for c in asked}
     held: set[str] = set()
-    for document in documents:
-        held |= claim_keys(document.title) | claim_keys(document.text)
+    for document in documents:  # read until every key is found (the usual case)
+        held |= (claim_keys(document.title) | claim_keys(document.text)) & wanted
+        if held == wanted:
+            return []
     out: list[str] = []
     seen: set[str] = set()
     for claim in asked:
