@@ -11,7 +11,7 @@ overrides of module constants for the run: ``lead`` (``blend.LEAD_TOKENS``), ``b
 (recompute passes), ``early`` (``blend_select.EARLY_PROBE_LAYERS``) and ``pool`` (max-pool
 the question scores over this many neighbouring positions).
 
-    .venv/bin/python scripts/reuse_selection.py --items 6 --skip 60 \\
+    .venv/bin/python lab/scripts/reuse_selection.py --items 6 --skip 60 \\
       '[{"name": "concat", "share": 0}, {"name": "q15", "share": 0.15, "select": "question"}]'
 """
 

@@ -10,7 +10,7 @@ ends at most at the same size), and (c) the prompt at ``--budget`` with the same
 and (c) re-select exactly as when they answer. Prints JSON: mean KL(full || compressed)
 per position, in nats, per variant.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/decode_phase_kl.py \\
+    OMP_NUM_THREADS=1 .venv/bin/python lab/scripts/decode_phase_kl.py \\
         --data ../shared/data/bioasq/Task10BGoldenEnriched --limit 8 --budget 128 --slack 32
 """
 

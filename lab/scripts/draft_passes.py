@@ -2,7 +2,7 @@
 against guesses from the prompt's n-grams (``draft_queries(..., context=prompt)``), and
 whether both drafts are the same tokens. Prints one JSON object.
 
-    .venv/bin/python scripts/draft_passes.py --data ../shared/data/bioasq/Task10BGoldenEnriched -n 20
+    .venv/bin/python lab/scripts/draft_passes.py --data ../shared/data/bioasq/Task10BGoldenEnriched -n 20
 """
 
 from __future__ import annotations

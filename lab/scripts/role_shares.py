@@ -3,7 +3,7 @@
 Runs ``ragsnap eval``'s loop with one extra grid point per share setting and prints the
 mean KL and the asked value's kept share per setting and budget (JSON lines). Example:
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/role_shares.py --lengths 1500 --samples 3 \\
+    OMP_NUM_THREADS=1 .venv/bin/python lab/scripts/role_shares.py --lengths 1500 --samples 3 \\
         --budget 75,150 --out runs/role-shares
 """
 

@@ -7,7 +7,7 @@ placing them, the question probe, the recompute, the deviation pass (when select
 the whole reused prefill (the rest is the tail's prefill and the press); and what a cold
 miss pays after its answer to compute its documents' pieces for the tier.
 
-    .venv/bin/python scripts/reuse_profile.py --share 0.12 --items 6
+    .venv/bin/python lab/scripts/reuse_profile.py --share 0.12 --items 6
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ which SnapKV at ``--budget`` keeps the asked key's and value's tokens, and the r
 asked record among all records by its best SnapKV score (0 = the window's favourite).
 Prints one JSON line per item and a summary line. Example:
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/structured_diagnose.py --lengths 1500 --samples 3
+    OMP_NUM_THREADS=1 .venv/bin/python lab/scripts/structured_diagnose.py --lengths 1500 --samples 3
 """
 
 from __future__ import annotations
