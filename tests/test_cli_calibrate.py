@@ -47,3 +47,19 @@ def test_calibrate_writes_a_layer_profile_and_refuses_a_bad_range(tiny, tmp_path
     assert len(json.loads(out.read_text())["items"]) == 1
     assert main(["calibrate", "--data", data, "--limit", "0", "--out", str(out)]) == 2
     assert "--limit" in capsys.readouterr().err
+
+
+def test_calibrate_is_the_entrance_to_the_other_calibration_tools(capsys):
+    import pytest
+
+    # the tool's own parser reads every argument after its name, --help included
+    with pytest.raises(SystemExit) as info:
+        main(["calibrate", "claim-labels", "--help"])
+    assert info.value.code == 0
+    assert "usage: ragsnap calibrate claim-labels" in capsys.readouterr().out
+    assert main(["calibrate", "claim-labels"]) == 0  # the labelled set, lexical: no model
+    report = json.loads(capsys.readouterr().out)
+    assert report["n"] == 71 and report["precision"] >= 0.85 and report["recall"] >= 0.85
+    # without a tool it calibrates layers, which needs --data and --out
+    assert main(["calibrate", "--limit", "1"]) == 2
+    assert "--data and --out" in capsys.readouterr().err

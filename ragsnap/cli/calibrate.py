@@ -1,4 +1,7 @@
-"""``ragsnap calibrate``: measure a model's per-layer sensitivity, for profiled layer budgets."""
+"""``ragsnap calibrate``: measure a model's per-layer sensitivity, for profiled layer budgets;
+``ragsnap calibrate TOOL ...``: the one entrance to the other calibration and measurement
+tools (the grounded verdict's rule, citation attribution, the labelled claims), whose
+arguments pass through to the tool unchanged."""
 
 from __future__ import annotations
 
@@ -22,17 +25,76 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "existing --out for the same model and budget is extended, skipping its items. "
         "Calibrate on items you do not evaluate on (--skip).",
     )
-    add_held_out_arguments(parser, limit=10)
+    add_held_out_arguments(parser, limit=10, required=False)
     parser.add_argument("--budget", type=int, default=128, help="tokens kept per KV head")
     parser.add_argument("--max-new-tokens", type=int, default=24, help="answer length")
-    parser.add_argument("--out", type=Path, required=True, help="profile JSON to write or extend")
+    parser.add_argument("--out", type=Path, help="profile JSON to write or extend (required)")
     add_model_options(parser)
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, tool=None)
+    add_tools(parser)
 
 
-def add_held_out_arguments(parser: argparse.ArgumentParser, limit: int) -> None:
+# ``ragsnap calibrate TOOL ARGS...`` runs ``main(ARGS)`` of the module (each also runs as
+# ``python -m MODULE``); issue 55: one documented entrance instead of loose entry points
+TOOLS = {
+    "grounding-eval": (
+        "ragsnap.eval.grounding_eval",
+        "grounded against correct: the verdict on answerable and unanswerable items (rows)",
+    ),
+    "grounding-features": (
+        "ragsnap.eval.grounding_features",
+        "measure the verdict's features again on recorded rows, without the model",
+    ),
+    "grounding-rule": (
+        "ragsnap.eval.grounding_calibrate",
+        "fit the grounded verdict's rule on held-out rows; write the model's profile",
+    ),
+    "citations": (
+        "ragsnap.eval.citation_calibration",
+        "fit how citation attribution's evidence combines, on held-out eval records",
+    ),
+    "claim-labels": (
+        "ragsnap.eval.claim_labels",
+        "unsupported-sentence precision and recall on the hand-labelled set",
+    ),
+}
+
+
+def add_tools(parser: argparse.ArgumentParser) -> None:
+    """``TOOL ARGS...`` after ``calibrate``: the tool's own parser reads ARGS (``--help`` too)."""
+    tools = parser.add_subparsers(
+        dest="tool",
+        metavar="TOOL",
+        parser_class=argparse.ArgumentParser,
+        title="other calibration tools (ragsnap calibrate TOOL --help for each)",
+    )
+    for name, (_, help_) in TOOLS.items():
+        # "+" as the prefix: every "-x" / "--x" is left for the tool's own parser
+        tool = tools.add_parser(name, help=help_, add_help=False, prefix_chars="+")
+        tool.add_argument("tool_args", nargs=argparse.REMAINDER)
+
+
+def run_tool(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(TOOLS[args.tool][0])
+    saved, sys.argv = sys.argv, [f"ragsnap calibrate {args.tool}", *args.tool_args]
+    try:  # the tool's usage line names this entrance (argparse reads sys.argv[0])
+        return int(module.main(list(args.tool_args)) or 0)
+    finally:
+        sys.argv = saved
+
+
+def add_held_out_arguments(
+    parser: argparse.ArgumentParser, limit: int, required: bool = True
+) -> None:
     """The options that choose calibration items (shared by the calibrate commands)."""
-    parser.add_argument("--data", type=Path, required=True, help="data file or folder")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        required=required,
+        help="data file or folder" + ("" if required else " (required)"),
+    )
     parser.add_argument("--format", choices=("bioasq", "jsonl", "hotpotqa"))
     parser.add_argument("--types", help="keep only these item types, e.g. factoid")
     parser.add_argument("--context-tokens", type=int, help="BioASQ: pad to about N tokens")
@@ -72,8 +134,13 @@ def load_held_out(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
 
 def run(args: argparse.Namespace) -> int:
     from ragsnap.compression.layer_budgets import LayerProfile
+    from ragsnap.errors import ConfigError
     from ragsnap.eval.calibrate import calibrate_layers
 
+    if args.tool is not None:
+        return run_tool(args)
+    if args.data is None or args.out is None:
+        raise ConfigError("calibrate needs --data and --out (or a TOOL)", field="data")
     previous = LayerProfile.load(args.out) if args.out.exists() else None
     runtime, items, request = load_held_out(args)
     profile = calibrate_layers(
