@@ -20,7 +20,7 @@ def test_the_labelled_set_has_enough_sentences_of_both_kinds():
 
 def test_the_checker_finds_unsupported_sentences_with_precision_and_recall_at_floor():
     score = score_labels(load_labels(LABELS))
-    # measured 0.889 / 0.914 on 71 sentences (docs/results.md, issue 43)
+    # measured 0.889 / 0.914 on 71 sentences (lab/results.md, issue 43)
     assert score.n == 71
     assert score.precision >= 0.85
     assert score.recall >= 0.85

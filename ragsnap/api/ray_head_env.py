@@ -25,7 +25,7 @@ gives it a minute (:data:`SLOW_START`).
 **Quiet control loops.** Serve's controller checks every deployment 10 times a second, and
 the replicas and handles export their metrics every 100 ms: 15% of a core with nothing to
 do on a one-replica application (CPU seconds of Ray's processes over 20 idle seconds:
-2.96). :data:`QUIET` checks twice a second and exports once a second (2.05; docs/results.md,
+2.96). :data:`QUIET` checks twice a second and exports once a second (2.05; lab/results.md,
 "Ray Serve's added latency"); a dead replica is still noticed within a second.
 """
 

@@ -20,14 +20,14 @@ from ragsnap.prompt.documents import Document
 PROMPT_TEMPLATE_VERSION = "ragsnap-prompt-v4"
 # The embedded model never said so with it either: at n = 50 + 50 unanswerable items it
 # abstained on 1 both ways, and answerable accuracy was the same (issue 43,
-# docs/results.md); the grounded verdict is what tells a reader (ragsnap.citations.lift).
+# lab/results.md); the grounded verdict is what tells a reader (ragsnap.citations.lift).
 SYSTEM_INSTRUCTION = (
     "Answer the question using only the numbered documents. Be brief. "
     "Cite every document you use by its number in square brackets, like [1] or [2][3]."
 )
 # before the question (and the chat context), unless the chat gives instructions of its
 # own; with the relevance order it took the embedded model from 17 to 27 right answers of
-# 40 + 40 held-out items at full cache (docs/results.md)
+# 40 + 40 held-out items at full cache (lab/results.md)
 ANSWER_STYLE = "Answer in a few words.\n"
 _SENTINEL = "\u0000RAGSNAP_USER_CONTENT\u0000"
 # A document cut to fewer tokens than this is dropped instead of truncated.
