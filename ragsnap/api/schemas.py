@@ -270,6 +270,11 @@ class AnswerResponse(BaseModel):
         description="the question's numbers and names no document mentions (then the "
         "answer is not grounded)",
     )
+    answer_not_in_documents: list[str] = Field(
+        default_factory=list,
+        description="the answer's numbers, dates and names no document mentions (then it "
+        "is not grounded: an answer from the model's own knowledge)",
+    )
     model_answer: str | None = Field(
         default=None, description="the model's answer, when unsupported=abstain replaced it"
     )

@@ -47,7 +47,13 @@ class LiftRule:
     key sentence whose missing claims include a number, date or name: its ``L`` is at
     most 0. With ``kind_lowers_lift`` an answer that does not supply the kind asked gets
     the lowest lifts (``L`` and ``Q`` both ``-clip``). With ``named_gate`` the probability
-    is 0 when the documents do not name all the question names (``named`` 0.0)."""
+    is 0 when the documents do not name all the question names (``named`` 0.0).
+
+    The verdict also holds to its evidence (issue 53,
+    :func:`ragsnap.citations.verdict.consistent`): when no sentence of the answer is
+    supported (with ``require_key``: when its key sentence is not), only a paraphrase
+    may be grounded, a key sentence whose missing claims are plain words and whose lift
+    reaches ``rescue_lift``."""
 
     lexical: float
     answer: float
@@ -60,10 +66,12 @@ class LiftRule:
     kind: float = 0.0
     kind_lowers_lift: bool = False
     named_gate: bool = False
+    rescue_lift: float = 0.0
+    require_key: bool = False
 
     def __post_init__(self) -> None:
         values = [self.lexical, self.answer, self.lift, self.bias, self.coverage]
-        values += [self.question, self.kind]
+        values += [self.question, self.kind, self.rescue_lift]
         if not all(math.isfinite(v) for v in (*values, self.clip)) or self.clip <= 0:
             raise ConfigError("a lift rule needs finite weights and a positive clip", field="lift")
 
@@ -159,7 +167,8 @@ class KeyEvidence:
     its lift and the question's lift given its quotes (None: not measured), whether its
     missing claims are plain words, the question's coverage by its cited documents,
     whether the answer supplies the kind of thing asked, the question's numbers and names
-    no document of the prompt mentions."""
+    no document of the prompt mentions, and the answer's (issue 53,
+    :func:`ragsnap.citations.named.answer_not_in_documents`)."""
 
     key: Sentence | None
     lift: float | None
@@ -168,6 +177,7 @@ class KeyEvidence:
     question_lift: float | None = None
     kind: float = 1.0
     not_in_documents: tuple[str, ...] = ()
+    answer_not_in_documents: tuple[str, ...] = ()
 
 
 def key_sentence(answer: str, question: str) -> Sentence | None:

@@ -14,6 +14,15 @@ parentheses ("DNaseI hypersensitive sites (DHS)") need not be found. The grounde
 ``named_gate`` (:class:`ragsnap.citations.lift.LiftRule`) refuses an answer while that
 list is not empty, and every route reports the list, so a user sees which of the
 question's names the documents never mention.
+
+:func:`answer_not_in_documents` (issue 53) reads the answer the same way: an answer from
+the model's own knowledge over documents that never mention it ("Alexander Graham Bell
+... in 1876" over essays about startups) names what no document holds. Its terms are
+the answer's numbers, dates and names, a capitalized word opening one of its sentences
+("Paris is ...") and the words it shares with the question (the subject it restates:
+"telephone"); plain words of its own are left to the support check, since a paraphrase
+may choose them. Any such term in no document makes the answer not grounded
+(:func:`ragsnap.citations.verdict.judge`), and every route reports them.
 """
 
 from __future__ import annotations
@@ -21,8 +30,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from ragsnap.citations.claims import claim_keys, claims
+from ragsnap.citations.claims import Claim, claim_keys, claims
 from ragsnap.citations.relevance import HARD_KINDS
+from ragsnap.citations.sentences import split_sentences
 from ragsnap.prompt.documents import Document
 
 # a parenthesized gloss restates what precedes it ("hypersensitive sites (DHS)")
@@ -66,4 +76,67 @@ def not_in_documents(question: str, documents: Iterable[Document]) -> list[str]:
         if claim.key not in held and claim.key not in seen and word not in out:
             out.append(word)
         seen.add(claim.key)
+    return out
+
+
+# what a term of the answer is (:func:`answer_terms`): a number, date or name; a
+# capitalized word opening a sentence; a plain word the question also uses; another
+TERM_KINDS = ("name", "opening", "asked", "plain")
+# the kinds whose absence from every document makes an answer not grounded (issue 53,
+# chosen on held-out rows: docs/grounding.md)
+GATED_TERMS = frozenset({"name", "opening"})
+
+
+def answer_terms(answer: str, question: str = "") -> list[tuple[str, Claim]]:
+    """The claims of ``answer`` (offsets into it), each with its term kind
+    (:data:`TERM_KINDS`)."""
+    asked = claim_keys(question) if question else set()
+    out: list[tuple[str, Claim]] = []
+    for sentence in split_sentences(answer):
+        for i, claim in enumerate(claims(sentence.text, sentence.start)):
+            if claim.kind in HARD_KINDS:
+                out.append(("name", claim))
+            elif i == 0 and claim.text[:1].isupper():
+                out.append(("opening", claim))
+            elif claim.key in asked:
+                out.append(("asked", claim))
+            else:
+                out.append(("plain", claim))
+    return out
+
+
+def missing_terms(
+    answer: str, documents: Iterable[Document], question: str = ""
+) -> dict[str, list[str]]:
+    """Per term kind, the words of ``answer`` holding a term (:func:`answer_terms`) that
+    no title or text of ``documents`` holds, as the answer writes them, without repeats."""
+    terms = answer_terms(answer, question)
+    wanted = {c.key for _, c in terms}
+    held: set[str] = set()
+    for document in documents:  # read until every key is found (the usual case)
+        if held == wanted:
+            break
+        held |= (claim_keys(document.title) | claim_keys(document.text)) & wanted
+    out: dict[str, list[str]] = {kind: [] for kind in TERM_KINDS}
+    for kind, claim in terms:
+        word = _word_at(answer, claim.start, claim.end)
+        if claim.key not in held and word not in out[kind]:
+            out[kind].append(word)
+    return out
+
+
+def answer_not_in_documents(
+    answer: str,
+    documents: Iterable[Document],
+    question: str = "",
+    kinds: frozenset[str] = GATED_TERMS,
+) -> list[str]:
+    """The words of ``answer`` holding a term of ``kinds`` (:func:`answer_terms`: its
+    numbers, dates and names, a capitalized word opening a sentence) that no title or
+    text of ``documents`` holds, as the answer writes them, without repeats; empty when
+    every one is found."""
+    found = missing_terms(answer, documents, question)
+    out: list[str] = []
+    for kind in TERM_KINDS:
+        out += [w for w in found[kind] if kind in kinds and w not in out]
     return out

@@ -1,5 +1,13 @@
 """The answer-level verdict (issue 43): is the answer ``grounded`` in its citations, and
-what becomes of an answer that is not (``unsupported``: ``flag`` or ``abstain``)."""
+what becomes of an answer that is not (``unsupported``: ``flag`` or ``abstain``).
+
+Whatever decides it (the lexical share, or a calibrated likelihood rule), the verdict
+never contradicts its own evidence (issue 53, :func:`consistent`): an answer naming a
+number, date or name no document mentions is not grounded, and neither is one none of
+whose sentences its quotes support, unless the likelihood shows its key sentence to be
+a paraphrase of them (plain words only missing, lift at least the rule's
+``rescue_lift``); a sentence so rescued leaves ``unsupported``.
+"""
 
 from __future__ import annotations
 
@@ -84,6 +92,36 @@ def with_lift(
     return replace(verdict, grounded=probability >= 0.5, score=round(probability, 4))
 
 
+def consistent(
+    verdict: Verdict,
+    share: float | None,
+    evidence: KeyEvidence | None,
+    rule: LiftRule | None = None,
+) -> Verdict:
+    """``verdict`` held to its evidence: not grounded (score 0.0) when ``evidence`` lists
+    words of the answer no document mentions, or when the lexical ``share`` is 0 (no
+    sentence supported; with the rule's ``require_key``: the key sentence unsupported)
+    and the key sentence is no paraphrase the lift rescues; a rescued key sentence is
+    taken off ``unsupported``."""
+    if verdict.grounded is None:
+        return verdict
+    refused = replace(verdict, grounded=False, score=0.0)
+    if evidence is not None and evidence.answer_not_in_documents:
+        return refused
+    if not verdict.grounded:
+        return verdict
+    key = evidence.key if evidence is not None else None
+    span = (key.start, key.end) if key is not None else None
+    unbacked = not share or (rule is not None and rule.require_key and span in verdict.unsupported)
+    if not unbacked:
+        return verdict
+    if rule is None or evidence is None or span not in verdict.unsupported:
+        return refused
+    if not evidence.plain or evidence.lift is None or evidence.lift < rule.rescue_lift:
+        return refused
+    return replace(verdict, unsupported=tuple(s for s in verdict.unsupported if s != span))
+
+
 def judge(
     done: Answer,
     options: CitationOptions,
@@ -95,23 +133,28 @@ def judge(
     ``model_answer``). Model markers alone carry no evidence: no verdict. With a ``rule``
     and the answer's key sentence and its lift (``key_lift``: a pair, or the
     :class:`~ragsnap.citations.lift.KeyEvidence` the engine found), the rule decides
-    (:func:`with_lift`); else the lexical verdict stands. The evidence's
-    ``not_in_documents`` (the question's names no document mentions) is reported."""
+    (:func:`with_lift`); else the lexical verdict stands. Either way it is held to its
+    evidence (:func:`consistent`). The evidence's ``not_in_documents`` (the question's
+    names no document mentions) and ``answer_not_in_documents`` (the answer's) are
+    reported."""
     if options.mode != "attribution":
         return done
-    verdict = grounding(done.answer, done.citations, options.support)
+    lexical = grounding(done.answer, done.citations, options.support)
+    verdict = lexical
+    evidence = key_lift if isinstance(key_lift, KeyEvidence) else None
     if rule is not None and key_lift is not None:
-        if isinstance(key_lift, KeyEvidence):
-            verdict = with_lift(verdict, key_lift.key, key_lift.lift, rule, key_lift)
-        else:
-            verdict = with_lift(verdict, *key_lift, rule)
-    missing = list(key_lift.not_in_documents) if isinstance(key_lift, KeyEvidence) else []
+        if evidence is None:
+            assert isinstance(key_lift, tuple)
+            evidence = KeyEvidence(*key_lift)
+        verdict = with_lift(verdict, evidence.key, evidence.lift, rule, evidence)
+    verdict = consistent(verdict, lexical.score, evidence, rule)
     done = replace(  # type: ignore[type-var]  # a DoneEvent: a dataclass
         done,
         grounded=verdict.grounded,
         grounded_score=verdict.score,
         unsupported_sentences=[list(span) for span in verdict.unsupported],
-        not_in_documents=missing,
+        not_in_documents=list(evidence.not_in_documents) if evidence else [],
+        answer_not_in_documents=list(evidence.answer_not_in_documents) if evidence else [],
     )
     if options.unsupported == "abstain" and verdict.grounded is False:
         done = replace(done, answer=options.abstain_text, model_answer=done.answer)  # type: ignore[type-var]

@@ -202,6 +202,9 @@ def grounding_line(done: DoneEvent) -> str:
     if done.not_in_documents:
         named = ", ".join(f'"{name}"' for name in done.not_in_documents)
         line += f"\n    the documents never mention: {named}"
+    if done.answer_not_in_documents:
+        named = ", ".join(f'"{name}"' for name in done.answer_not_in_documents)
+        line += f"\n    the answer names what no document mentions: {named}"
     if done.model_answer is not None:
         line += f"\nabstained: {done.answer}"
     return line

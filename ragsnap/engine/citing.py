@@ -24,7 +24,7 @@ from ragsnap.citations.lift import (
     support_features,
 )
 from ragsnap.citations.markers import MarkerConstraint, marker_candidates, vocabulary_texts
-from ragsnap.citations.named import not_in_documents
+from ragsnap.citations.named import answer_not_in_documents, not_in_documents
 from ragsnap.citations.relevance import answer_coverage, plain_missing
 from ragsnap.citations.sentences import Sentence
 from ragsnap.citations.support import SupportRule
@@ -100,7 +100,10 @@ class AnswerCiting:
                 )
             else:  # no rule to decide: what the documents never name is still reported
                 missing = tuple(not_in_documents(prepared.question, documents))
-                key_lift = KeyEvidence(None, None, not_in_documents=missing)
+                invented = tuple(answer_not_in_documents(answer, documents, prepared.question))
+                key_lift = KeyEvidence(
+                    None, None, not_in_documents=missing, answer_not_in_documents=invented
+                )
         cite_s += time.perf_counter() - started
         done = DoneEvent(
             answer=answer,
@@ -138,15 +141,27 @@ class AnswerCiting:
         the question's coverage by the ``documents`` the answer cites (the prompt's order,
         as citations count them; 1.0 without documents), whether the answer supplies the
         kind of thing asked (lexical, :mod:`ragsnap.citations.asked`), the question's
-        numbers and names no document holds (:mod:`ragsnap.citations.named`), and the
-        lifts: the key sentence's and, when the rule reads it, the question's given its
-        quotes, both rows in one short pass. The pass is skipped (lifts 0.0) when the
-        lexical features already decide the rule (``gate``); lifts None without a key
-        sentence or a quote cited for it."""
+        numbers and names no document holds and the answer's
+        (:mod:`ragsnap.citations.named`), and the lifts: the key sentence's and, when the
+        rule reads it, the question's given its quotes, both rows in one short pass. The
+        pass is skipped (lifts 0.0) when the lexical features already decide the verdict
+        (``gate``), a rescue of the key sentence included
+        (:func:`ragsnap.citations.verdict.consistent`); lifts None without a key sentence
+        or a quote cited for it."""
         covered = answer_coverage(question, citations, documents) if documents else 1.0
         missing = tuple(not_in_documents(question, documents))
+        # without documents (a lift measured alone) nothing can be found missing
+        invented = tuple(answer_not_in_documents(answer, documents, question) if documents else ())
         kind = answer_kind(question, answer, citations)
-        found = KeyEvidence(None, None, True, covered, kind=kind, not_in_documents=missing)
+        found = KeyEvidence(
+            None,
+            None,
+            True,
+            covered,
+            kind=kind,
+            not_in_documents=missing,
+            answer_not_in_documents=invented,
+        )
         key = key_sentence(answer, question)
         if key is None:
             return found
@@ -163,7 +178,11 @@ class AnswerCiting:
             settled = rule.decided(
                 known.share, known.key_supported, known.plain, covered, kind, known.named
             )
-            if settled is not None:
+            # only a paraphrase may ground an answer no sentence of which is supported
+            unbacked = not lexical.score or (rule.require_key and not known.key_supported)
+            if invented or (unbacked and not found.plain):
+                settled = False
+            if settled is False or (settled is True and not unbacked):
                 return replace(found, lift=0.0, question_lift=0.0)
         ask = not gate or (rule is not None and rule.asks_question)
         try:

@@ -53,7 +53,9 @@ class DoneEvent:
     ``grounded_score`` (None without evidence: markers mode, or nothing to check),
     ``unsupported_sentences`` (``[start, end]`` offsets into the model's answer),
     ``not_in_documents`` (the question's numbers and names no document mentions, as the
-    question writes them; :mod:`ragsnap.citations.named`); when the
+    question writes them; :mod:`ragsnap.citations.named`), ``answer_not_in_documents``
+    (the answer's numbers, dates and names no document mentions, issue 53; then it is not
+    grounded); when the
     request said ``unsupported: "abstain"`` and the answer was not grounded, ``answer`` is
     the abstention text and ``model_answer`` the model's own (else None)."""
 
@@ -66,6 +68,7 @@ class DoneEvent:
     grounded_score: float | None = None
     unsupported_sentences: list[list[int]] = field(default_factory=list)
     not_in_documents: list[str] = field(default_factory=list)
+    answer_not_in_documents: list[str] = field(default_factory=list)
     model_answer: str | None = None
     type: str = "done"
 
@@ -76,6 +79,7 @@ class DoneEvent:
             "grounded_score": self.grounded_score,
             "unsupported_sentences": self.unsupported_sentences,
             "not_in_documents": self.not_in_documents,
+            "answer_not_in_documents": self.answer_not_in_documents,
             "model_answer": self.model_answer,
         }
 

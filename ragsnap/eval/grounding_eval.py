@@ -39,6 +39,7 @@ from ragsnap.citations.asked import (
 )
 from ragsnap.citations.lift import key_sentence, sentence_quotes
 from ragsnap.citations.model import Citation
+from ragsnap.citations.named import missing_terms
 from ragsnap.citations.relevance import HARD_KINDS, cited_documents, coverage, missing_kinds
 from ragsnap.citations.sentences import Sentence
 from ragsnap.citations.support import check_sentence
@@ -168,7 +169,8 @@ def answer_features(
     given the key sentence's quotes and its coverage by several texts (the answer, the
     key sentence's quotes, its cited documents, all cited documents; ``ent_``: its
     numbers and names only), the question's names no document holds and ``named`` (1.0:
-    none)."""
+    none), and per term kind the answer's words no document holds (``answer_missing``,
+    :func:`ragsnap.citations.named.missing_terms`)."""
     lexical: Verdict = grounding(answer, citations)
     found = engine.citing.key_evidence(question, answer, list(citations), cited, gate=False)
     key = found.key
@@ -191,6 +193,7 @@ def answer_features(
         "coverage": found.coverage,
         "not_in_documents": list(found.not_in_documents),
         "named": 0.0 if found.not_in_documents else 1.0,
+        "answer_missing": missing_terms(answer, cited, question),
         "cov_answer": coverage(question, [answer]),
         "cov_quotes": coverage(question, quotes),
         "cov_docs": coverage(question, docs),

@@ -276,6 +276,8 @@
       done.grounded == null
         ? "grounded: nothing to check"
         : `grounded: ${done.grounded ? "yes" : "no"} (${(100 * done.grounded_score).toFixed(0)}% of what the answer says is in its quotes)`;
+    const invented = done.answer_not_in_documents || [];
+    if (invented.length) verdict.textContent += `; the answer names what no document mentions: ${invented.join(", ")}`;
     const unnamed = done.not_in_documents || [];
     if (unnamed.length) verdict.textContent += `; the documents never mention ${unnamed.join(", ")}`;
   }

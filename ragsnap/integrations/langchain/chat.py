@@ -376,6 +376,7 @@ class ChatRagSnap(BaseChatModel):
             "grounded_score": done.get("grounded_score"),
             "unsupported_sentences": done.get("unsupported_sentences", []),
             "not_in_documents": done.get("not_in_documents", []),
+            "answer_not_in_documents": done.get("answer_not_in_documents", []),
             "model_answer": done.get("model_answer"),
             "answer": done.get("answer"),
             "answer_with_markers": done.get("answer_with_markers"),

@@ -45,7 +45,7 @@ def cited_documents(
 
 def cited_answer(message: BaseMessage) -> dict[str, Any]:
     """A ragsnap reply as ``{"answer", "citations", "grounded", "grounded_score",
-    "not_in_documents"}``: end an
+    "not_in_documents", "answer_not_in_documents"}``: end an
     LCEL chain with ``| cited_answer`` where ``| StrOutputParser()`` would drop them.
 
     >>> chain = {"context": retriever | format_docs, "question": RunnablePassthrough()} | prompt | chat | cited_answer  # doctest: +SKIP
@@ -57,6 +57,7 @@ def cited_answer(message: BaseMessage) -> dict[str, Any]:
         "grounded": metadata.get("grounded"),
         "grounded_score": metadata.get("grounded_score"),
         "not_in_documents": list(metadata.get("not_in_documents", [])),
+        "answer_not_in_documents": list(metadata.get("answer_not_in_documents", [])),
     }
 
 
