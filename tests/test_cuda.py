@@ -65,6 +65,7 @@ def load(device: str, dtype: str, attention: str = "sdpa"):
             speculate_ngrams=False,
             commit_lookahead=False,
             attn_implementation=attention,
+            matmul_precision="highest",  # CPU float32 as the reference: no bfloat16 products
         )
     return _ENGINES[key]
 
