@@ -34,8 +34,12 @@ def main(out: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=90)
     for (name, presses), marker in zip(KL.items(), ("o", "s"), strict=True):
-        left.plot(BUDGETS, presses["snapkv"], marker=marker, color="tab:gray", label=f"SnapKV, {name}")
-        left.plot(BUDGETS, presses["ragsnap"], marker=marker, color="tab:blue", label=f"ragsnap, {name}")
+        left.plot(
+            BUDGETS, presses["snapkv"], marker=marker, color="tab:gray", label=f"SnapKV, {name}"
+        )
+        left.plot(
+            BUDGETS, presses["ragsnap"], marker=marker, color="tab:blue", label=f"ragsnap, {name}"
+        )
     left.set_xscale("log", base=2)
     left.set_xticks(BUDGETS, [str(b) for b in BUDGETS])
     left.set_xlabel("budget (KV entries kept per head)")
@@ -47,7 +51,9 @@ def main(out: Path) -> None:
     for i, concurrency in enumerate((4, 8)):
         xs = [j + (i - 0.5) * width for j in range(len(PEER))]
         means = [sum(runs[concurrency]) / 2 for runs in PEER.values()]
-        right.bar(xs, means, width, label=f"{concurrency} concurrent", color=("tab:blue", "tab:cyan")[i])
+        right.bar(
+            xs, means, width, label=f"{concurrency} concurrent", color=("tab:blue", "tab:cyan")[i]
+        )
         for x, runs in zip(xs, PEER.values(), strict=True):
             right.plot([x, x], runs[concurrency], "k.", markersize=4)
     right.axhline(1.0, color="black", linewidth=0.8)
