@@ -98,11 +98,11 @@ def test_hit_loads_bit_identical_kv_and_answers_exactly_as_the_miss(engine, redi
     eng = redis_engine(engine, redis_server.url, hit_memory_mb=0)  # every hit reads Redis
     layout = eng.build_prompt(Q1, DOCS, options().generation, order="given")
     press = options().press
-    missed, miss_report = eng.tiers.prefill(layout, press, Q1, ns)
+    missed, miss_report = eng.prefill(layout, press, Q1, ns)
     assert miss_report.status == "miss" and miss_report.pending  # written after the answer
     eng.tiers.finish(miss_report)
     assert miss_report.bytes_written > 0
-    hit, report = eng.tiers.prefill(layout, press, Q1, ns)
+    hit, report = eng.prefill(layout, press, Q1, ns)
     assert report.status == "hit" and report.bytes_read > 0 and hit.processed_tokens == 0
     for a, b in zip(missed.cache.layers, hit.cache.layers, strict=True):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
@@ -130,7 +130,7 @@ def test_damaged_entry_is_a_miss_cleaned_up_and_recomputed(
     )
     first = ask(eng, Q1, ns)
     key = eng.tiers.entry_keys(
-        eng.build_prompt(Q1, DOCS, options().generation, order="given"), options().press, Q1, ns
+        eng.build_prompt(Q1, DOCS, options().generation, order="given"), options().press.config(), Q1, ns
     )[0]
     base = f"ragsnap:v1:{key.label}:kv:{{{key.digest}}}"
     if damage == "evicted_chunk":
@@ -244,7 +244,7 @@ def test_a_prefix_from_memory_is_the_prefix_the_store_gives_back(engine, tmp_pat
     assert mine.stats.cache_bytes_read == 0 < other.stats.cache_bytes_read
     assert len(second.tiers.memory) == 1  # now kept by the second process too
     layout = first.build_prompt(Q2, DOCS, opts.generation, order="given")
-    pkey = first.tiers.entry_keys(layout, opts.press, Q2, ns)[1]
+    pkey = first.tiers.entry_keys(layout, opts.press.config(), Q2, ns)[1]
     kept, loaded = first.tiers.memory.get(pkey), second.tiers.memory.get(pkey)
     for (k1, v1), (k2, v2) in zip(kept, loaded, strict=True):
         assert torch.equal(k1, k2) and torch.equal(v1, v2)
@@ -306,8 +306,8 @@ def test_an_exact_hit_brings_back_the_draft_that_speeds_its_decode(engine, redis
     opts = options(press=make_press(budget=48))  # the default press drafts 8 tokens
     eng = redis_engine(engine, redis_server.url, speculate=8)
     layout = eng.build_prompt(Q1, DOCS, opts.generation, order="given")
-    missed, _ = eng.tiers.prefill(layout, opts.press, Q1, ns)
-    hit, report = eng.tiers.prefill(layout, opts.press, Q1, ns)
+    missed, _ = eng.prefill(layout, opts.press, Q1, ns)
+    hit, report = eng.prefill(layout, opts.press, Q1, ns)
     assert report.status == "hit" and hit.draft == missed.draft and missed.draft
     first, again = ask(eng, Q1, ns + "-x", opts), ask(eng, Q1, ns + "-x", opts)
     assert (first.stats.cache, again.stats.cache) == ("miss", "hit")

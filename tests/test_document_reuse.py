@@ -308,7 +308,7 @@ def test_entries_are_shared_across_questions_and_orders(tmp_path):
     assert (exact.cache, exact.cache_tier) == ("hit", "exact")  # exact hit first
     # the prompt head's KV is computed once by the tier and kept for later assemblies
     assert eng.tiers is not None and eng.tiers.documents is not None
-    eng.tiers.documents._head = None
+    eng.executor._head = None
     heads: list[tuple[int, ...]] = []
     compute_head = eng.runtime.head_kv
     eng.runtime.head_kv = lambda ids: heads.append(tuple(ids)) or compute_head(ids)  # type: ignore[method-assign]

@@ -24,7 +24,7 @@ def ask(engine: RagSnapEngine, namespace: str = "t"):
 
 def entry_key(engine: RagSnapEngine, namespace: str = "t"):
     layout = engine.build_prompt(QUESTION, DOCS, OPTIONS.generation)
-    return engine.tiers.entry_keys(layout, OPTIONS.press, QUESTION, namespace)[0]
+    return engine.tiers.entry_keys(layout, OPTIONS.press.config(), QUESTION, namespace)[0]
 
 
 def test_a_written_entry_is_served_from_memory_as_the_store_serves_it(tmp_path) -> None:

@@ -170,3 +170,46 @@ def test_the_checks_see_what_they_look_for():
     assert "ragsnap.engine.engine" in GRAPH["ragsnap.api.services"]
     assert "ragsnap.cli.bench.peer" in GRAPH["ragsnap.cli.bench"]
     assert "ragsnap.engine.engine" not in GRAPH["ragsnap.engine.single_answer"]
+
+
+# what the cache tiers may import: their own modules, the prompt's tokens, the kept-entry data
+CACHE_MAY_IMPORT = (
+    "ragsnap.cache",
+    "ragsnap.errors",
+    "ragsnap.prompt.assembly",
+    "ragsnap.prompt.documents",
+    "ragsnap.compression.kept",
+)
+
+
+def test_the_cache_computes_nothing():
+    """``ragsnap/cache`` looks up, keys, serializes and stores: it imports no module that runs
+    the model (runtime, presses, the prompt's analyses), so a plan is data and the engine
+    executes it (guide, section 10)."""
+    imported = {
+        f"{module} -> {target}"
+        for module, targets in GRAPH.items()
+        if _layer(module) == "cache"
+        for target in targets
+        if not target.startswith(CACHE_MAY_IMPORT)
+    }
+    assert not imported, imported
+    assert "ragsnap.cache.tiers.plans" in GRAPH["ragsnap.cache.tiers.cached_prefill"]
+
+
+def test_the_scheduler_only_decides():
+    """The scheduler reaches into no runtime of the engine (it asks the engine for a decode
+    batch and the KV size of a token) and passes no callback into a prefill: it drives the
+    engine's plan execution one chunk at a time."""
+    source = (PACKAGE / "engine" / "scheduler.py").read_text()
+    assert not [
+        n
+        for n, line in enumerate(source.splitlines(), 1)
+        if ".runtime" in line and "ragsnap.runtime" not in line
+    ]
+    assert "on_chunk" not in source
+    assert "ragsnap.runtime.prefill" in GRAPH["ragsnap.engine.scheduler"]  # its ChunkStep
+    assert (
+        not {"ragsnap.runtime.model_runtime", "ragsnap.runtime.blend", "ragsnap.runtime.tails"}
+        & GRAPH["ragsnap.engine.scheduler"]
+    )

@@ -33,7 +33,7 @@ def ask(engine: RagSnapEngine, question: str, documents=DOCS) -> str:
     returns the cache status."""
     assert engine.tiers is not None
     layout = engine.prompt_of(question, documents, OPTIONS)
-    _, report = engine.tiers.prefill(layout, OPTIONS.press, question, "ns")
+    _, report = engine.prefill(layout, OPTIONS.press, question, "ns")
     engine.tiers.finish(report)
     return report.status
 

@@ -184,13 +184,13 @@ def test_service_under_concurrent_streaming_clients_answers_or_refuses(engine) -
 def test_prefill_chunks_are_large_only_while_no_stream_waits(engine_tiny, monkeypatch) -> None:
     chunks: list[tuple[int, int | None]] = []
     scheduler = Scheduler(engine_tiny, max_batch=8, step_tokens=48, idle_chunk=512)
-    real = engine_tiny.runtime.prefill
+    real = engine_tiny.execute
 
-    def recording(*args, **kwargs):
-        chunks.append((len(scheduler._running), engine_tiny.runtime.chunk))
-        return real(*args, **kwargs)
+    def recording(planned, chunk=None):
+        chunks.append((len(scheduler._running), chunk))
+        return real(planned, chunk)
 
-    monkeypatch.setattr(engine_tiny.runtime, "prefill", recording)
+    monkeypatch.setattr(engine_tiny, "execute", recording)
     scheduler.start()
     requests = requests_for_tiny_engine()
     for r in requests:
@@ -249,22 +249,29 @@ def test_a_miss_stores_its_entries_after_its_answer_and_outside_prefills(
     second.documents = [Document(id="long", title="t4", text=words(11, 400))]
     blocked, release = threading.Event(), threading.Event()
     scheduler = Scheduler(engine, max_batch=8, step_tokens=8, idle_chunk=32)
-    real = engine.prepare
+    real = engine.execute
 
-    def prepare(question, documents, options, namespace, on_chunk=None, layout=None):
-        def chunk():  # the first answer decodes between the second prompt's chunks
-            on_chunk()
-            if not scheduler._running and not blocked.is_set() and first.closed.wait(30):
-                blocked.set()  # ... and its close comes while the second prompt still prefills
-                assert release.wait(60)
-
-        hold = chunk if question == second.question else on_chunk
-        return real(question, documents, options, namespace, on_chunk=hold, layout=layout)
+    def execute(planned, chunk=None):
+        steps = real(planned, chunk)
+        if planned.question != second.question:
+            return (yield from steps)
+        between = False
+        while True:
+            try:
+                step = next(steps)
+            except StopIteration as finished:
+                return finished.value
+            yield step  # the first answer decodes between the second prompt's chunks
+            if between and not scheduler._running and not blocked.is_set():
+                if first.closed.wait(30):
+                    blocked.set()  # ... and its close comes while the second still prefills
+                    assert release.wait(60)
+            between = True
 
     def entries() -> int:  # compressed and prefix entries (not the document set's marker)
         return sum(1 for p in tmp_path.rglob("*.kv") if p.name.split("-")[0] in ("kv", "prefix"))
 
-    monkeypatch.setattr(engine, "prepare", prepare)
+    monkeypatch.setattr(engine, "execute", execute)
     scheduler.start()
     scheduler.submit(first)
     scheduler.submit(second)
@@ -298,7 +305,7 @@ def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
     scheduler = Scheduler(
         engine_tiny, step_tokens=48, idle_chunk=32, prefill_threads=3, decode_threads=2
     )
-    real_prefill, real_step = engine_tiny.runtime.prefill, scheduler.batch.step
+    real_prefill, real_step = engine_tiny.runtime.prefill_steps, scheduler.batch.step
     real_finish = engine_tiny.finish
 
     def finish(*args, **kwargs):
@@ -313,7 +320,7 @@ def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
         seen["decode" if chunk is None else "riding"].add(torch.get_num_threads())
         return real_step(chunk)
 
-    monkeypatch.setattr(engine_tiny.runtime, "prefill", prefill)
+    monkeypatch.setattr(engine_tiny.runtime, "prefill_steps", prefill)
     monkeypatch.setattr(scheduler.batch, "step", step)
     monkeypatch.setattr(engine_tiny, "finish", finish)
     before = torch.get_num_threads()

@@ -70,18 +70,18 @@ def test_a_repeat_before_the_write_gets_what_the_store_gives_back(
     tiers, opts = engine.tiers, _options()
     tiers.hits = HitMemory(0)  # no loaded copy: the late hit reads the store
     layout = engine.prompt_of(QUESTION, DOCS, opts)
-    _, report = tiers.prefill(layout, opts.press, QUESTION, "ns")
+    _, report = engine.prefill(layout, opts.press, QUESTION, "ns")
     assert report.status == "miss" and report.bytes_written > 0  # counted as they queue
     counted = report.bytes_written
     assert _stored(tmp_path) == 0 and len(tiers.unwritten) == 1  # nothing written yet
-    early, early_report = tiers.prefill(layout, opts.press, QUESTION, "ns")
+    early, early_report = engine.prefill(layout, opts.press, QUESTION, "ns")
     assert early_report.status == "hit" and early.processed_tokens == 0
     tiers.finish(report)  # after the answer: the compressed and the prefix entries
     assert _stored(tmp_path) == 2 and len(tiers.unwritten) == 0
     assert report.bytes_written == counted  # not counted twice
     tiers.finish(report)  # nothing is written twice
     assert _stored(tmp_path) == 2
-    late, late_report = tiers.prefill(layout, opts.press, QUESTION, "ns")
+    late, late_report = engine.prefill(layout, opts.press, QUESTION, "ns")
     assert late_report.status == "hit" and late_report.bytes_read == early_report.bytes_read
     for a, b in zip(early.layers, late.layers, strict=True):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
@@ -93,7 +93,7 @@ def test_without_room_an_entry_is_written_before_the_answer(engine_tiny, tmp_pat
     engine.tiers.unwritten = UnwrittenEntries(0)
     opts = _options()
     layout = engine.prompt_of(QUESTION, DOCS, opts)
-    _, report = engine.tiers.prefill(layout, opts.press, QUESTION, "ns")
+    _, report = engine.prefill(layout, opts.press, QUESTION, "ns")
     assert _stored(tmp_path) == 1 and report.bytes_written > 0  # the compressed entry
     assert len(report.pending) == 1  # the prefix entry still waits for the answer
 

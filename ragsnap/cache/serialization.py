@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ragsnap.cache import int8_kv
-from ragsnap.compression import CompressedLayer
+from ragsnap.compression.kept import CompressedLayer
 
 FORMAT_VERSION = "1"
 KIND_COMPRESSED = "kv"

@@ -19,7 +19,15 @@ from typing import Any, ClassVar
 
 import torch
 
+from ragsnap.compression.kept import CompressedLayer
 from ragsnap.errors import ConfigError
+
+# every press's default size and observation window, and the SnapKV pooling kernel, written
+# once: the presses' dataclasses and factories, and the engine configuration
+# (:class:`ragsnap.engine.press_settings.PressSettings`), read them from here
+DEFAULT_BUDGET = 512  # tokens kept per KV head, window included
+DEFAULT_WINDOW = 32  # SnapKV's official experiment configs
+DEFAULT_KERNEL = 7
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -143,35 +151,6 @@ class LayerContext:
         return self._memo[key]
 
 
-@dataclass
-class CompressedLayer:
-    """What a press keeps of one layer.
-
-    ``indices`` are original positions in ascending order per head; ``keys``/``values``
-    are the kept entries (a press may refit values); ``bias`` is an optional additive
-    attention-logit bias per kept key (0 = none), for methods that re-weight kept keys;
-    ``exact`` marks entries whose values a later refit must leave as they are.
-    """
-
-    indices: torch.Tensor  # [B, Hkv, n] long, sorted
-    keys: torch.Tensor  # [B, Hkv, n, D]
-    values: torch.Tensor  # [B, Hkv, n, D]
-    bias: torch.Tensor | None = None  # [B, Hkv, n]
-    exact: torch.Tensor | None = None  # [B, Hkv, n] bool
-
-    @classmethod
-    def gather(
-        cls, keys: torch.Tensor, values: torch.Tensor, indices: torch.Tensor
-    ) -> CompressedLayer:
-        """Keep ``indices`` (``[B, Hkv, n]``) of ``keys``/``values`` (``[B, Hkv, L, D]``)."""
-        expanded = indices.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])
-        return cls(
-            indices=indices,
-            keys=keys.gather(2, expanded).contiguous(),
-            values=values.gather(2, expanded).contiguous(),
-        )
-
-
 class Press(ABC):
     """A KV-cache compression method applied to each layer at the end of prefill."""
 
@@ -214,9 +193,9 @@ class ScorerPress(Press):
     the prompt (``ratio``); a prompt that fits the budget is kept whole.
     """
 
-    budget: int | None = 512
+    budget: int | None = DEFAULT_BUDGET
     ratio: float | None = None
-    window: int = 32
+    window: int = DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
         if self.window < 1:

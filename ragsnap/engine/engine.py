@@ -8,22 +8,26 @@ and the server do, so an in-process engine caches, drafts and threads like they 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 from ragsnap.cache.backends.store import KVStore
 from ragsnap.cache.report import CacheReport
-from ragsnap.cache.serialization import parse_dtype
-from ragsnap.cache.tiers.cached_prefill import CachedPrefill, PrefixHit
-from ragsnap.citations.options import CitationOptions
-from ragsnap.compression import make_press
-from ragsnap.compression.lookup_focus import uses_focus
-from ragsnap.compression.propagate import without_propagation
+from ragsnap.cache.tiers.plans import ExactHit, PrefixHit
+from ragsnap.compression import Press
 from ragsnap.engine.citing import AnswerCiting
 from ragsnap.engine.config import EngineConfig, configured
 from ragsnap.engine.events import AnswerEvent, CitationsEvent, DoneEvent
-from ragsnap.engine.loading import configured_model, runtime_for
-from ragsnap.engine.prepared import AnswerOptions, PendingAnswer, PreparedAnswer, TextStream
+from ragsnap.engine.execute import PlanExecutor
+from ragsnap.engine.loading import configured_model, runtime_for, tiers_for
+from ragsnap.engine.prepared import (
+    AnswerOptions,
+    PendingAnswer,
+    PlannedAnswer,
+    PreparedAnswer,
+    TextStream,
+)
+from ragsnap.engine.request_options import answer_options
 from ragsnap.engine.single_answer import stream_answer
 from ragsnap.prompt.assembly import (
     PROMPT_TEMPLATE_VERSION,
@@ -32,14 +36,20 @@ from ragsnap.prompt.assembly import (
     PromptLayout,
 )
 from ragsnap.prompt.documents import Document
-from ragsnap.prompt.focus import prompt_focus
 from ragsnap.prompt.order import fit_prompt
-from ragsnap.prompt.structure import prompt_roles
-from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
+from ragsnap.runtime.decode import DecodeBatch, DecodeRow, LogitsProcessor
 from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.loading.models import EMBEDDED, LoadedModel
+from ragsnap.runtime.prefill import ChunkStep, PrefillResult, drain
 
-__all__ = ["AnswerOptions", "PendingAnswer", "PreparedAnswer", "RagSnapEngine", "TextStream"]
+__all__ = [
+    "AnswerOptions",
+    "PendingAnswer",
+    "PlannedAnswer",
+    "PreparedAnswer",
+    "RagSnapEngine",
+    "TextStream",
+]
 
 
 class RagSnapEngine:
@@ -66,23 +76,11 @@ class RagSnapEngine:
         self.tokenizer = loaded.tokenizer
         self.device = loaded.device
         self.store = store
-        self.tiers: CachedPrefill | None = None
+        self.tiers = tiers_for(self.runtime, store, config)
         self.citing = AnswerCiting(self.runtime, self.tokenizer)
-        if store is not None and store.enabled:
-            dtype = None if config.storage_dtype == "auto" else parse_dtype(config.storage_dtype)
-            self.tiers = CachedPrefill(
-                self.runtime,
-                loaded,
-                store,
-                prefix_cache=config.prefix_cache,
-                prefix_store=config.prefix_store,
-                storage_dtype=dtype,
-                document_cache=config.document_cache,
-                recompute_share=config.recompute_share,
-                recompute_select=config.recompute_select,
-                prefix_memory_bytes=config.prefix_memory_mb << 20,
-                hit_memory_bytes=config.hit_memory_mb << 20,
-            )
+        self.executor = PlanExecutor(
+            self.runtime, self.tiers, config.recompute_share, config.recompute_select
+        )
 
     @classmethod
     def from_config(
@@ -118,21 +116,10 @@ class RagSnapEngine:
         return cls.from_config(config, store=store, **given)
 
     def default_options(self, **given: Any) -> AnswerOptions:
-        """The options of a request that says nothing more than ``given`` (fields of
-        :class:`AnswerOptions`): the config's press, answer length, document order,
-        prefill path and abstention."""
-        config = self.config
-        press = given.get("press") or make_press(config.default_press)
-        given["press"] = without_propagation(press) if config.full_prefill else press
-        given.setdefault(
-            "generation", GenerationConfig(max_new_tokens=config.default_max_new_tokens)
-        )
-        given.setdefault("document_order", config.document_order)
-        given.setdefault(
-            "citations",
-            CitationOptions(unsupported=config.unsupported, abstain_text=config.abstain_text),
-        )
-        return AnswerOptions(**given)
+        """The options of a request that says nothing more than ``given`` (keywords of
+        :func:`~ragsnap.engine.request_options.answer_options`: ``compression``, ``press``,
+        ``generation``, ``citations``...), the rest from the config."""
+        return answer_options(self.config, **given)
 
     def reserve_prefix_hits(self, rows: int, tokens: int) -> int:
         """Bytes reserved now for ``rows`` prefix hits of up to ``tokens`` tokens each (fresh
@@ -191,35 +178,46 @@ class RagSnapEngine:
             )
         return layout
 
+    def prefill(
+        self, layout: PromptLayout, press: Press, question: str, namespace: str = "default"
+    ) -> tuple[PrefillResult, CacheReport]:
+        """``layout``'s compressed cache through the tiers in this thread, and what they did
+        (see :meth:`PlanExecutor.prefill`)."""
+        return self.executor.prefill(layout, press, question, namespace)
+
     def lookup(
         self,
         question: str,
         documents: Sequence[Document],
         options: AnswerOptions,
         namespace: str = "default",
-    ) -> PreparedAnswer | PendingAnswer | PromptLayout:
+    ) -> PreparedAnswer | PendingAnswer | PlannedAnswer:
         """What the store holds for this request, without computing: an exact hit ready to
-        decode, a prefix hit to finish, or (nothing usable) the prompt for :meth:`prepare`."""
+        decode, a prefix hit to finish (:meth:`finish_prefix_hits`), or a plan to execute
+        (:meth:`execute`)."""
         started = time.perf_counter()
         layout = self.prompt_of(question, documents, options, namespace)
-        if self.tiers is None:
-            return layout
-        found, report = self.tiers.lookup(layout, options.press, question, namespace)
-        if isinstance(found, PrefixHit):
-            return PendingAnswer(layout, found, options, started, question)
-        if found is not None:
-            return PreparedAnswer(layout, found, report, options, started, question)
-        return layout
+        prompt = self.executor.plan(layout, options.press, question, namespace)
+        if isinstance(prompt.plan, ExactHit):
+            result = self.executor.from_stored(prompt.plan)
+            return PreparedAnswer(layout, result, prompt.plan.report, options, started, question)
+        kind = PendingAnswer if isinstance(prompt.plan, PrefixHit) else PlannedAnswer
+        return kind(prompt, options, started, question)
+
+    def execute(
+        self, planned: PlannedAnswer, chunk: int | None = None
+    ) -> Generator[ChunkStep, None, PreparedAnswer]:
+        """Execute ``planned``'s plan: a :class:`~ragsnap.runtime.prefill.ChunkStep` before
+        each prefill chunk of ``chunk`` tokens, then the answer ready to decode (the entries
+        it computed are written after the answer, :meth:`store_pending`)."""
+        result = yield from self.executor.execute(planned.prompt, chunk)
+        return planned.prepared(result)
 
     def finish_prefix_hits(self, pending: Sequence[PendingAnswer]) -> list[PreparedAnswer]:
         """Finish the tails of ``pending`` together; each is then ready to decode (its
         entry is written by :meth:`finish` or :meth:`store_pending`)."""
-        assert self.tiers is not None, "prefix hits come from the cache tiers"
-        results = self.tiers.finish_prefix_hits([p.hit for p in pending])
-        return [
-            PreparedAnswer(p.layout, result, p.hit.report, p.options, p.started, p.question)
-            for p, result in zip(pending, results, strict=True)
-        ]
+        results = self.executor.finish_prefix_hits([p.prompt for p in pending])
+        return [p.prepared(result) for p, result in zip(pending, results, strict=True)]
 
     def prepare(
         self,
@@ -230,24 +228,24 @@ class RagSnapEngine:
         on_chunk: Callable[[], None] | None = None,
         layout: PromptLayout | None = None,
     ) -> PreparedAnswer:
-        """Assemble the prompt (unless ``layout`` is it), prefill it through the cache tiers;
-        ``on_chunk`` runs between prefill chunks (an exception from it abandons the prefill).
-        The entries it computed are written after the answer (:meth:`store_pending`)."""
+        """Assemble the prompt (unless ``layout`` is it), look it up and execute its plan
+        in this thread; ``on_chunk`` runs between prefill chunks (an exception from it
+        abandons the prefill). The entries it computed are written after the answer
+        (:meth:`store_pending`)."""
         started = time.perf_counter()
         if layout is None:
             layout = self.prompt_of(question, documents, options, namespace)
-        if self.tiers is None:
-            roles = prompt_roles(self.tokenizer, layout)
-            focus = prompt_focus(self.tokenizer, layout) if uses_focus(options.press) else None
-            prefill = self.runtime.prefill_prompt(
-                layout, options.press, on_chunk=on_chunk, roles=roles, focus=focus
-            )
-            report = CacheReport(status="off")
-        else:
-            prefill, report = self.tiers.prefill(
-                layout, options.press, question, namespace, on_chunk
-            )
-        return PreparedAnswer(layout, prefill, report, options, started, question)
+        prompt = self.executor.plan(layout, options.press, question, namespace)
+        prepared: PreparedAnswer = drain(
+            self.execute(PlannedAnswer(prompt, options, started, question)), on_chunk
+        )
+        return prepared
+
+    def decode_batch(self) -> DecodeBatch:
+        return self.runtime.decode_batch()
+
+    def kv_bytes_per_token(self) -> int:
+        return self.runtime.kv_bytes_per_token()
 
     def logits_processor(self, prepared: PreparedAnswer) -> LogitsProcessor | None:
         """The per-row decode constraint of ``prepared`` (marker control), or None."""

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ragsnap.cache.backends.store import KVStore
+from ragsnap.cache.serialization import parse_dtype
+from ragsnap.cache.tiers.cached_prefill import CachedPrefill
 from ragsnap.engine.config import EngineConfig
 from ragsnap.runtime.loading.models import LoadedModel, load_model
 from ragsnap.runtime.model_runtime import ModelRuntime
@@ -51,3 +54,24 @@ def plain_runtime(**fields: Any) -> ModelRuntime:
     given = {name: value for name, value in fields.items() if value is not None}
     plain = {"speculate": 0, "speculate_ngrams": False, "commit_lookahead": False}
     return load_runtime(configured(EngineConfig, **{**given, **plain}))
+
+
+def tiers_for(
+    runtime: ModelRuntime, store: KVStore | None, config: EngineConfig
+) -> CachedPrefill | None:
+    """The cache tiers ``config`` asks for on ``store`` (None: no store, or a disabled one)."""
+    if store is None or not store.enabled:
+        return None
+    dtype = None if config.storage_dtype == "auto" else parse_dtype(config.storage_dtype)
+    return CachedPrefill(
+        runtime.loaded,
+        store,
+        runtime.cache_from,
+        prefix_cache=config.prefix_cache,
+        prefix_store=config.prefix_store,
+        storage_dtype=dtype,
+        document_cache=config.document_cache,
+        blend_reason=runtime.blend_support(),
+        prefix_memory_bytes=config.prefix_memory_mb << 20,
+        hit_memory_bytes=config.hit_memory_mb << 20,
+    )

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ragsnap.cache.report import CacheReport
-from ragsnap.cache.tiers.cached_prefill import PrefixHit
 from ragsnap.citations.options import CitationOptions
 from ragsnap.compression import Press, make_press
 from ragsnap.compression.decode_snapkv import DecodeSnapKV
 from ragsnap.compression.lookahead import press_label
 from ragsnap.engine.events import MetaEvent
+from ragsnap.engine.execute import PlannedPrompt
 from ragsnap.engine.stats import AnswerStats
 from ragsnap.prompt.assembly import (
     DEFAULT_DOCUMENT_ORDER,
@@ -42,15 +42,32 @@ class AnswerOptions:
 
 
 @dataclass
-class PendingAnswer:
-    """A request whose document prefix was found in the store: its tail is left to finish
-    (:meth:`RagSnapEngine.finish_prefix_hits`, several at once)."""
+class PlannedAnswer:
+    """A request looked up in the cache tiers: its plan is left to execute
+    (:meth:`RagSnapEngine.execute`)."""
 
-    layout: PromptLayout
-    hit: PrefixHit
+    prompt: PlannedPrompt
     options: AnswerOptions
     started: float
     question: str
+
+    @property
+    def layout(self) -> PromptLayout:
+        return self.prompt.layout
+
+    def prepared(self, result: PrefillResult) -> PreparedAnswer:
+        """This request ready to decode from ``result``."""
+        plan = self.prompt.plan
+        report = CacheReport(status="off") if plan is None else plan.report
+        return PreparedAnswer(
+            self.layout, result, report, self.options, self.started, self.question
+        )
+
+
+@dataclass
+class PendingAnswer(PlannedAnswer):
+    """A request whose document prefix was found in the store: its tail is left to finish
+    (:meth:`RagSnapEngine.finish_prefix_hits`, several at once)."""
 
 
 @dataclass

@@ -36,24 +36,25 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from ragsnap.engine.engine import (
     AnswerOptions,
     PendingAnswer,
+    PlannedAnswer,
     PreparedAnswer,
     RagSnapEngine,
     TextStream,
 )
 from ragsnap.engine.events import AnswerEvent, TokenEvent
 from ragsnap.errors import KVMemoryError
-from ragsnap.prompt.assembly import PromptLayout
 from ragsnap.prompt.documents import Document
 from ragsnap.runtime.decode import DecodeRow
 from ragsnap.runtime.llama_pass import ChunkFeed
+from ragsnap.runtime.prefill import ChunkStep
 from ragsnap.runtime.threads import one_torch_thread, torch_threads
 
 logger = logging.getLogger(__name__)
@@ -122,19 +123,6 @@ class StepStats:
     on_group: Callable[[int, float], None] | None = field(default=None, repr=False)
 
 
-@dataclass
-class _BetweenChunks:
-    """A prefill's ``on_chunk`` (see :class:`~ragsnap.runtime.prefill.ChunkRider`): ``step``
-    between its chunks, and ``ride``, which computes a chunk in the running rows' decode
-    pass when the batch allows."""
-
-    step: Callable[[], None]
-    ride: Callable[[Sequence[int], Any, int], bool]
-
-    def __call__(self) -> None:
-        self.step()
-
-
 class Scheduler:
     """Runs requests on ``engine`` with continuous batching (see the module docstring)."""
 
@@ -177,9 +165,9 @@ class Scheduler:
         self.tier_memory_bytes = 0
         if kv_memory_bytes is not None and engine.tiers is not None:
             self.tier_memory_bytes = engine.tiers.fit_memory(int(kv_memory_bytes * TIER_SHARE))
-        self.kv_bytes_per_token = engine.runtime.kv_bytes_per_token()
+        self.kv_bytes_per_token = engine.kv_bytes_per_token()
         self._prefill_kv: list[int] = []  # KV bytes of the prompts prefilling now
-        self.batch = engine.runtime.decode_batch()
+        self.batch = engine.decode_batch()
         self.stats = StepStats()
         self._waiting: deque[Request] = deque()
         self._running: dict[int, _Running] = {}
@@ -200,7 +188,7 @@ class Scheduler:
         self._parked_since = 0.0
         self._last_submit = 0.0
         # misses looked up between chunks but too long to go first: id(request) -> layout
-        self._deferred: dict[int, PreparedAnswer | PendingAnswer | PromptLayout] = {}
+        self._deferred: dict[int, PreparedAnswer | PlannedAnswer] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -323,12 +311,12 @@ class Scheduler:
                     with self._changed:
                         self._waiting.appendleft(request)
                 return
-            if isinstance(found, PromptLayout):
+            if isinstance(found, PreparedAnswer):
+                self._join(request, found)
+            elif not isinstance(found, PendingAnswer):
                 self._finish_parked()  # a prefill takes seconds: they do not wait for it
                 self.prefilling = [request]
                 self._prefill(request, found)
-            elif isinstance(found, PreparedAnswer):
-                self._join(request, found)
             else:
                 if not self._parked:
                     self._parked_since = time.perf_counter()
@@ -339,7 +327,7 @@ class Scheduler:
                 if not self._waiting and not self._parked:
                     self._no_prefill.set()
 
-    def _admissible(self, request: Request) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
+    def _admissible(self, request: Request) -> PreparedAnswer | PlannedAnswer | None:
         """``request``'s lookup (an earlier one is kept) when it may start now; None when it
         closed, failed, or must wait for KV memory (its lookup then stays in ``_deferred``)."""
         found = self._deferred.pop(id(request), None)
@@ -353,7 +341,7 @@ class Scheduler:
             self._deferred[id(request)] = found
         return found if allowed else None
 
-    def _lookup(self, request: Request) -> PreparedAnswer | PendingAnswer | PromptLayout | None:
+    def _lookup(self, request: Request) -> PreparedAnswer | PlannedAnswer | None:
         """The engine's lookup of ``request``; None when it was cancelled or failed."""
         if request.is_cancelled():
             request.close("cancelled")
@@ -400,10 +388,10 @@ class Scheduler:
             else:
                 self._join(request, answer)
 
-    def _prefill(self, request: Request, layout: PromptLayout, *, first: bool = True) -> None:
-        """Prefill ``request`` (decoding the running rows between its chunks) and add its row.
-        ``first``: shorter waiting prompts may go first between its chunks (not when this
-        prefill is itself one of those)."""
+    def _prefill(self, request: Request, planned: PlannedAnswer, *, first: bool = True) -> None:
+        """Execute ``planned`` (decoding the running rows between its chunks) and add its
+        row. ``first``: shorter waiting prompts may go first between its chunks (not when
+        this prefill is itself one of those)."""
         # the per-step token budget: one token per running row, the rest for the prefill chunk;
         # with no stream waiting on it, larger chunks (still cancellable between them)
         running = len(self._running)
@@ -412,46 +400,12 @@ class Scheduler:
             if running
             else max(self.idle_chunk, self.step_tokens)
         )
-        self.engine.runtime.chunk = chunk
-        left = [len(layout.input_ids), len(layout.input_ids)]  # tokens to go, tokens to let by
-
-        rode = [False]  # whether the last chunk was computed in a decode step's pass
-
-        def ride(ids: Sequence[int], cache: Any, begin: int) -> bool:
-            if request.is_cancelled():
-                raise Cancelled
-            if not self._running:
-                return False
-            feed = ChunkFeed(ids, cache, begin)
-            self._decode_step(feed)  # on the prefill's threads: the chunk is most of the work
-            rode[0] = feed.done
-            return feed.done
-
-        def step() -> None:
-            if request.is_cancelled():
-                raise Cancelled
-            if self._running and not rode[0]:
-                with torch_threads(self.decode_threads):
-                    self._decode_step()
-            rode[0] = False
-            left[0] -= chunk
-            if first:
-                self._shorter_first(left)
-                self.engine.runtime.chunk = chunk
-
-        between_chunks = _BetweenChunks(step, ride)
-
-        self._prefill_kv.append(self.kv_need(request, layout))
+        left = [planned.layout.num_tokens, planned.layout.num_tokens]  # to go, to let by
+        self._prefill_kv.append(self.kv_need(request, planned))
+        steps = self.engine.execute(planned, chunk)
         try:
             with torch_threads(self.prefill_threads):
-                prepared = self.engine.prepare(
-                    request.question,
-                    request.documents,
-                    request.options,
-                    request.namespace,
-                    on_chunk=between_chunks,
-                    layout=layout,
-                )
+                prepared = self._drive(request, steps, chunk, left if first else None)
             if request.is_cancelled():
                 self._write_later(prepared)
                 raise Cancelled
@@ -462,22 +416,52 @@ class Scheduler:
             request.fail(exc)
             return
         finally:
+            steps.close()
             self._prefill_kv.pop()
         self._join(request, prepared)
 
+    def _drive(
+        self,
+        request: Request,
+        steps: Generator[ChunkStep, None, PreparedAnswer],
+        chunk: int,
+        left: list[int] | None,
+    ) -> PreparedAnswer:
+        """Run a plan's ``steps`` to its prepared answer, one chunk at a time: the running
+        rows take a decode step beside each chunk (in its pass where the chunk allows,
+        :class:`ChunkFeed`, else before it), and between chunks the waiting requests that
+        may go first do (``left``: tokens to go and to let by; None: none may)."""
+        started = False
+        while True:
+            try:
+                step = next(steps)
+            except StopIteration as finished:
+                prepared: PreparedAnswer = finished.value
+                return prepared
+            if request.is_cancelled():
+                raise Cancelled
+            if started and left is not None:
+                left[0] -= chunk
+                self._shorter_first(left)
+            if self._running and step.ridable:
+                feed = ChunkFeed(step.ids, step.cache, step.begin)
+                self._decode_step(feed)  # on the prefill's threads: the chunk is most of the work
+                step.done = feed.done
+            elif self._running and started:
+                with torch_threads(self.decode_threads):
+                    self._decode_step()
+            started = True
+
     # -- KV memory ------------------------------------------------------------------------
 
-    def kv_need(
-        self, request: Request, found: PreparedAnswer | PendingAnswer | PromptLayout
-    ) -> int:
+    def kv_need(self, request: Request, found: PreparedAnswer | PlannedAnswer) -> int:
         """KV bytes ``request`` holds at most: an exact hit, its compressed cache; a prompt
         to prefill (or a prefix hit to finish), the full KV of every prompt token; either
         way, plus the tokens it may generate (every layer, every KV head)."""
         new = request.options.generation.max_new_tokens * self.kv_bytes_per_token
         if isinstance(found, PreparedAnswer):
             return found.prefill.kv_bytes_kept + new
-        layout = found.layout if isinstance(found, PendingAnswer) else found
-        return layout.num_tokens * self.kv_bytes_per_token + new
+        return found.layout.num_tokens * self.kv_bytes_per_token + new
 
     def kv_bytes_in_use(self) -> int:
         """KV bytes held by the running rows, the parked prefix hits and the prefills."""
@@ -515,7 +499,7 @@ class Scheduler:
         return self.kv_bytes_in_use() + self.kv_need(self._waiting[0], found) <= limit
 
     def _memory_allows(
-        self, request: Request, found: PreparedAnswer | PendingAnswer | PromptLayout
+        self, request: Request, found: PreparedAnswer | PlannedAnswer
     ) -> bool | None:
         """True: admit; False: wait for memory; None: refused (more than the whole budget)."""
         if self.kv_memory_bytes is None:
@@ -568,8 +552,8 @@ class Scheduler:
                 if not self._parked:
                     self._parked_since = time.perf_counter()
                 self._parked.append((request, found))
-            elif 2 * len(found.input_ids) <= left[0] and len(found.input_ids) <= left[1]:
-                left[1] -= len(found.input_ids)
+            elif 2 * found.layout.num_tokens <= left[0] and found.layout.num_tokens <= left[1]:
+                left[1] -= found.layout.num_tokens
                 outer, self.prefilling = self.prefilling, [*self.prefilling, request]
                 try:
                     self._prefill(request, found, first=False)
@@ -627,7 +611,7 @@ class Scheduler:
         except Exception as exc:  # the batch is unusable: every row fails, the loop goes on
             logger.exception("decode step failed")
             failed, self._running = list(self._running.values()), {}
-            self.batch = self.engine.runtime.decode_batch()
+            self.batch = self.engine.decode_batch()
             for running in failed:
                 running.request.fail(exc)
             if chunk is not None:  # the prompt's cache may hold part of the chunk: it fails too

@@ -44,6 +44,11 @@ SELECTIONS = ("question", "early-question", "deviation", "both")
 # concatenation's at 2.55x, against early-question's 0.431 at 2.76x (issue 44,
 # docs/results.md, session 24)
 DEFAULT_SELECTION: Final = "question"
+# CacheBlend's share: on 12 held-out items (60+ of HotpotQA and BioASQ factoid) the first
+# share whose KL to the cold answer is under a third of plain concatenation's with the
+# question selection (0.285; 0.12 gave 0.346), at 3.58x the cold first token (AMD EPYC,
+# float32, 1 thread; on a Xeon with AMX in bfloat16 about 2.35x). issue 44, session 26
+DEFAULT_RECOMPUTE_SHARE = 0.15
 # a question-driven selection always takes each piece's first LEAD_TOKENS body tokens (out
 # of its share): a piece computed alone put an attention sink there, which the assembled
 # prompt must not keep (EPIC, arXiv 2410.15332, recomputes each chunk's first tokens)

@@ -54,3 +54,11 @@ def cache_from_layers(config: Any, layers: Sequence[tuple[torch.Tensor, torch.Te
         else:
             layer.update(k, v)  # type: ignore[union-attr]
     return cache
+
+
+def crop_layers(
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor]], length: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first ``length`` positions of ``layers`` (``[1, Hkv, n, D]`` per layer), as views."""
+    with torch.inference_mode():
+        return [(k[:, :, :length], v[:, :, :length]) for k, v in layers]

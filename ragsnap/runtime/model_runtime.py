@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +21,11 @@ from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.decode import DecodeBatch
 from ragsnap.runtime.forward import sliding_windows
 from ragsnap.runtime.generation import GenerationConfig, stop_token_ids
-from ragsnap.runtime.kv import cache_from_layers
+from ragsnap.runtime.kv import cache_from_layers, crop_layers
 from ragsnap.runtime.likelihood import mean_lift, span_lifts
 from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.loading.models import LoadedModel
-from ragsnap.runtime.prefill import PrefillResult
+from ragsnap.runtime.prefill import ChunkStep, PrefillResult
 from ragsnap.runtime.propagation import forced_positions
 from ragsnap.runtime.teacher_force import teacher_force
 from ragsnap.runtime.threads import one_torch_thread
@@ -101,26 +101,48 @@ class ModelRuntime:
         focus: torch.Tensor | None = None,
         forced: torch.Tensor | None = None,
     ) -> PrefillResult:
+        """:meth:`prefill_steps` drained (``on_chunk`` between chunks, see
+        :func:`~ragsnap.runtime.prefill.drain`)."""
+        steps = self.prefill_steps(
+            input_ids, press, cache=cache, start=start, roles=roles, focus=focus, forced=forced
+        )
+        result: PrefillResult = _prefill.drain(steps, on_chunk)
+        return result
+
+    def prefill_steps(
+        self,
+        input_ids: Sequence[int],
+        press: Press,
+        *,
+        cache: Any | None = None,
+        start: int = 0,
+        chunk: int | None = None,
+        roles: torch.Tensor | None = None,
+        focus: torch.Tensor | None = None,
+        forced: torch.Tensor | None = None,
+    ) -> Generator[ChunkStep, None, PrefillResult]:
         """Prefill ``input_ids[start:]`` (on ``cache`` holding the first ``start``
-        positions, when given) in chunks, compressing every layer with ``press`` at the end.
-        ``roles`` (``[L]``, :func:`ragsnap.prompt.structure.prompt_roles`) feeds role-aware presses,
-        ``focus`` (``[L]``, :func:`ragsnap.prompt.focus.prompt_focus`) the lookup focus;
-        ``forced`` (``[L]`` bool) the positions a query-aware prefill always propagates."""
-        return _prefill.prefill(
+        positions, when given) in chunks of ``chunk`` tokens (None: :attr:`chunk`), a
+        :class:`~ragsnap.runtime.prefill.ChunkStep` before each, compressing every layer
+        with ``press`` at the end. ``roles`` (``[L]``,
+        :func:`ragsnap.prompt.structure.prompt_roles`) feeds role-aware presses, ``focus``
+        (``[L]``, :func:`ragsnap.prompt.focus.prompt_focus`) the lookup focus; ``forced``
+        (``[L]`` bool) the positions a query-aware prefill always propagates."""
+        results = yield from _prefill.prefill_steps(
             self.model,
             self.cache_kwarg,
             input_ids,
             press,
             cache=self.new_cache() if cache is None else cache,
             start=start,
-            chunk=self.chunk,
-            on_chunk=on_chunk,
+            chunk=self.chunk if chunk is None else chunk,
             word_starts=word_starts(self.tokenizer, input_ids),
             roles=roles,
             focus=focus,
             stop_ids=self.stop_ids,
             forced=forced,
-        )[0]
+        )
+        return results[0]
 
     def prefill_prompt(
         self,
@@ -131,15 +153,29 @@ class ModelRuntime:
         roles: torch.Tensor | None = None,
         focus: torch.Tensor | None = None,
     ) -> PrefillResult:
-        """:meth:`prefill` of a whole prompt as the engine runs it (see
+        """:meth:`prefill_prompt_steps` drained (``on_chunk`` between chunks)."""
+        steps = self.prefill_prompt_steps(layout, press, roles=roles, focus=focus)
+        result: PrefillResult = _prefill.drain(steps, on_chunk)
+        return result
+
+    def prefill_prompt_steps(
+        self,
+        layout: PromptLayout,
+        press: Press,
+        *,
+        chunk: int | None = None,
+        roles: torch.Tensor | None = None,
+        focus: torch.Tensor | None = None,
+    ) -> Generator[ChunkStep, None, PrefillResult]:
+        """:meth:`prefill_steps` of a whole prompt as the engine runs it (see
         :meth:`_documents_first`)."""
-        cache, start, documents_s = self._documents_first(layout, [press], on_chunk)
-        result = self.prefill(
+        cache, start, documents_s = yield from self._documents_first(layout, [press], chunk)
+        result = yield from self.prefill_steps(
             layout.input_ids,
             press,
             cache=cache,
             start=start,
-            on_chunk=on_chunk,
+            chunk=chunk,
             roles=roles,
             focus=focus,
             forced=forced_positions(self.tokenizer, layout),
@@ -147,11 +183,8 @@ class ModelRuntime:
         return _with_documents(result, documents_s, layout.prefix_len if start else 0)
 
     def _documents_first(
-        self,
-        layout: PromptLayout | None,
-        presses: Sequence[Press],
-        on_chunk: Callable[[], None] | None,
-    ) -> tuple[Any, int, float]:
+        self, layout: PromptLayout | None, presses: Sequence[Press], chunk: int | None = None
+    ) -> Generator[ChunkStep, None, tuple[Any, int, float]]:
         """At ``medium`` matmul precision a whole prompt is computed as a prefix hit
         computes it: the documents' full pass (:meth:`prefill_full`, bfloat16 products),
         cut back to the tail's start (:func:`~ragsnap.runtime.prefill.tail_start`, the
@@ -167,10 +200,8 @@ class ModelRuntime:
         if start <= 0:
             return self.new_cache(), 0, 0.0
         started = time.perf_counter()
-        prefix = self.prefill_full(layout.input_ids[: layout.prefix_len], on_chunk)
-        with torch.inference_mode():
-            cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
-        return self.cache_from(cropped), start, time.perf_counter() - started
+        prefix = yield from self.prefill_full_steps(layout.input_ids[: layout.prefix_len], chunk)
+        return self.cache_from(crop_layers(prefix, start)), start, time.perf_counter() - started
 
     def tails_batchable(self, tails: Sequence[_tails.Tail]) -> bool:
         """Whether :meth:`prefill_tails` can finish ``tails`` together."""
@@ -261,7 +292,7 @@ class ModelRuntime:
                 else next(rest)
                 for i, p in enumerate(presses)
             ]
-        cache, start, documents_s = self._documents_first(layout, presses, None)
+        cache, start, documents_s = _prefill.drain(self._documents_first(layout, presses))
         results = _prefill.prefill(
             self.model,
             self.cache_kwarg,
@@ -281,9 +312,23 @@ class ModelRuntime:
         self, input_ids: Sequence[int], on_chunk: Callable[[], None] | None = None
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Full KV of ``input_ids``, ``[1, Hkv, n, D]`` per layer (no press)."""
+        layers: list[tuple[torch.Tensor, torch.Tensor]] = _prefill.drain(
+            self.prefill_full_steps(input_ids), on_chunk
+        )
+        return layers
+
+    def prefill_full_steps(
+        self, input_ids: Sequence[int], chunk: int | None = None
+    ) -> Generator[ChunkStep, None, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """:meth:`prefill_full` in chunks of ``chunk`` tokens (None: :attr:`chunk`), a
+        :class:`~ragsnap.runtime.prefill.ChunkStep` before each."""
         cache = self.new_cache()
-        _prefill.prefill_full(
-            self.model, self.cache_kwarg, input_ids, cache, chunk=self.chunk, on_chunk=on_chunk
+        yield from _prefill.prefill_full_steps(
+            self.model,
+            self.cache_kwarg,
+            input_ids,
+            cache,
+            chunk=self.chunk if chunk is None else chunk,
         )
         return [(layer.keys, layer.values) for layer in cache.layers]
 

@@ -2,16 +2,22 @@
 
 SnapKV-style presses vote with the queries of the last ``window`` prompt tokens, so the
 last chunk always covers the window; earlier chunks only append full KV. Presses that need
-every prompt query (``window_only = False``, e.g. H2O) prefill in one pass. ``on_chunk`` runs
-between chunks: the scheduler decodes the running requests there, and a cancelled
-request raises out of it, leaving the model free after at most one chunk.
+every prompt query (``window_only = False``, e.g. H2O) prefill in one pass.
+
+Each prefill is a generator of :class:`ChunkStep` (:func:`prefill_steps`,
+:func:`prefill_full_steps`): it yields before every chunk it computes, so whoever drives it
+(the engine's in-process path drains it, the scheduler interleaves it with decode steps)
+decides what runs between two chunks, may compute a chunk itself in another pass
+(:attr:`ChunkStep.done`), or stops the prefill by closing the generator, leaving the model
+free after at most one chunk. :func:`drain` runs one to its end with an ``on_chunk``
+callback between chunks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -147,21 +153,55 @@ def forward_tokens(
     return out.logits[0]
 
 
+@dataclass
+class ChunkStep:
+    """A chunk a prefill is about to compute: ``ids`` at positions ``begin ..`` into
+    ``cache``. When ``ridable``, the driver may compute it itself in the same pass as other
+    work (the scheduler's decode step, :class:`~ragsnap.runtime.llama_pass.ChunkFeed`) and
+    set ``done``; the prefill then skips it. ``tokens`` is what the prefill has left."""
+
+    ids: Sequence[int]
+    cache: Any
+    begin: int
+    ridable: bool
+    tokens: int
+    done: bool = False
+
+
+# a prefill as its driver sees it: ChunkSteps out, its result at the end
+Steps = Generator[ChunkStep, None, Any]
+
+
 class ChunkRider(Protocol):
-    """An ``on_chunk`` callback that can also compute a chunk itself: ``ride(ids, cache,
-    begin)`` computes ``ids`` at positions ``begin ..`` into ``cache`` in the same pass as
-    other work (the scheduler's decode step, see :class:`~ragsnap.runtime.llama_pass.ChunkFeed`)
-    and says whether it did; ``on_chunk()`` still runs after the chunk."""
+    """An ``on_chunk`` callback of :func:`drain` that can also compute a chunk itself:
+    ``ride(ids, cache, begin)`` computes ``ids`` at positions ``begin ..`` into ``cache`` in
+    the same pass as other work and says whether it did; ``on_chunk()`` still runs after
+    the chunk."""
 
     def __call__(self) -> None: ...
 
     def ride(self, ids: Sequence[int], cache: Any, begin: int) -> bool: ...
 
 
-def _rode(on_chunk: Callable[[], None] | None, ids: Sequence[int], cache: Any, begin: int) -> bool:
-    """Whether ``on_chunk`` computed the chunk itself (see :class:`ChunkRider`)."""
+def drain(steps: Steps, on_chunk: Callable[[], None] | None = None) -> Any:
+    """Run ``steps`` to its end, ``on_chunk()`` after every chunk but the last (a
+    :class:`ChunkRider` may compute a ridable chunk itself); an exception from
+    ``on_chunk`` closes the prefill and propagates. Returns the prefill's result."""
     ride = getattr(on_chunk, "ride", None)
-    return bool(ride(ids, cache, begin)) if ride is not None else False
+    first = True
+    try:
+        while True:
+            try:
+                step = next(steps)
+            except StopIteration as finished:
+                return finished.value
+            if not first and on_chunk is not None:
+                on_chunk()
+            first = False
+            if step.ridable and ride is not None:
+                step.done = bool(ride(step.ids, step.cache, step.begin))
+    finally:
+        steps.close()
 
 
 @torch.inference_mode()
@@ -225,18 +265,38 @@ def prefill(
     start: int = 0,
     chunk: int | None = None,
     on_chunk: Callable[[], None] | None = None,
+    **options: Any,
+) -> list[PrefillResult]:
+    """:func:`prefill_steps` drained (``on_chunk`` between chunks, see :func:`drain`)."""
+    steps = prefill_steps(
+        model, cache_kwarg, input_ids, presses, cache=cache, start=start, chunk=chunk, **options
+    )
+    results: list[PrefillResult] = drain(steps, on_chunk)
+    return results
+
+
+def prefill_steps(
+    model: Any,
+    cache_kwarg: str,
+    input_ids: Sequence[int],
+    presses: Press | Sequence[Press],
+    *,
+    cache: Any,
+    start: int = 0,
+    chunk: int | None = None,
     word_starts: torch.Tensor | None = None,
     roles: torch.Tensor | None = None,
     focus: torch.Tensor | None = None,
     stop_ids: Collection[int] = (),
     forced: torch.Tensor | None = None,
-) -> list[PrefillResult]:
+) -> Generator[ChunkStep, None, list[PrefillResult]]:
     """Prefill ``input_ids[start:]`` on top of ``cache`` (holding the first ``start``
-    positions) in chunks of ``chunk`` tokens, and compress every layer at the end.
+    positions) in chunks of ``chunk`` tokens, and compress every layer at the end; yields
+    a :class:`ChunkStep` before each chunk (see the module docstring).
 
     One press compresses ``cache`` in place; several presses leave it full and each result
     gets its own derived cache (prefill attention is full whatever the press, so each keeps
-    what a prefill of its own would keep). ``on_chunk()`` runs after every chunk but the last.
+    what a prefill of its own would keep).
     When a press looks ahead (:class:`~ragsnap.compression.lookahead.LookaheadPress`), the
     last chunk only keeps each layer's input for the window, the first answer tokens are
     drafted on the full cache (stopping at ``stop_ids``), the cache is cut back to the
@@ -266,13 +326,13 @@ def prefill(
     started = time.perf_counter()
     with reserved(cache, length + ahead), split.installed() if split else contextlib.nullcontext():
         for begin, end in zip(starts, starts[1:], strict=False):
-            if split is None:
-                if not _rode(on_chunk, input_ids[begin:end], cache, begin):
-                    forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
-            else:
-                split.lower(input_ids[begin:end], cache, begin)
-            if on_chunk is not None:
-                on_chunk()
+            step = ChunkStep(input_ids[begin:end], cache, begin, split is None, length - begin)
+            yield step
+            if split is not None:
+                split.lower(step.ids, cache, begin)
+            elif not step.done:
+                forward_chunk(model, cache_kwarg, step.ids, cache, begin)
+        yield ChunkStep(input_ids[starts[-1] :], cache, starts[-1], False, length - starts[-1])
         hooks = compression_hooks(
             model,
             press_list,
@@ -300,7 +360,7 @@ def prefill(
                 positions = select_tokens(split.votes, length, keep, forced)
                 for layer in range(split.layer, len(split.layers)):
                     recorder.positions[layer] = positions
-                logits = _upper_passes(split, positions, cache, chunk, window, recorder, on_chunk)
+                logits = yield from _upper_passes(split, positions, cache, chunk, window, recorder)
             recorder.armed = False
             if ahead:
                 drafted, draft = draft_queries(
@@ -366,20 +426,18 @@ def _upper_passes(
     chunk: int | None,
     window: int,
     recorder: Any,
-    on_chunk: Callable[[], None] | None,
-) -> torch.Tensor:
+) -> Generator[ChunkStep, None, torch.Tensor]:
     """The propagated tokens through the upper layers in chunks (one pass where an upper
-    layer slides), the recorder armed for the last; ``on_chunk`` between them."""
+    layer slides), the recorder armed for the last; a step before each but the first."""
     count = int(positions.shape[0])
     hidden = split.gathered(positions)
     starts = chunk_starts(0, count, None if split.upper_slides else chunk, window)
     logits = torch.empty(0)
     for begin, end in zip(starts, [*starts[1:], count], strict=True):
-        last = end == count
-        recorder.armed = last
+        if begin > 0:
+            yield ChunkStep((), cache, begin, False, count - begin)
+        recorder.armed = end == count
         logits = split.upper(hidden, positions, cache, begin, end)
-        if not last and on_chunk is not None:
-            on_chunk()
     return logits
 
 
@@ -392,17 +450,28 @@ def prefill_full(
     chunk: int | None = None,
     on_chunk: Callable[[], None] | None = None,
 ) -> torch.Tensor:
-    """Full KV of ``input_ids`` into ``cache`` (no press), chunked; last logits ``[1, V]``.
-    The pass over a document prefix: it runs inside
-    :func:`~ragsnap.runtime.loading.bf16_matmuls.medium_products`."""
+    """:func:`prefill_full_steps` drained (``on_chunk`` between chunks, see :func:`drain`)."""
+    logits: torch.Tensor = drain(
+        prefill_full_steps(model, cache_kwarg, input_ids, cache, chunk=chunk), on_chunk
+    )
+    return logits
+
+
+def prefill_full_steps(
+    model: Any, cache_kwarg: str, input_ids: Sequence[int], cache: Any, *, chunk: int | None = None
+) -> Generator[ChunkStep, None, torch.Tensor]:
+    """Full KV of ``input_ids`` into ``cache`` (no press), chunked, a step before each chunk
+    (all but the last ridable); last logits ``[1, V]``. The pass over a document prefix: it
+    runs inside :func:`~ragsnap.runtime.loading.bf16_matmuls.medium_products`."""
     starts = chunk_starts(0, len(input_ids), chunk, 1)
     logits = torch.empty(0)
-    with reserved(cache, len(input_ids)):
-        for i, (begin, end) in enumerate(zip(starts, [*starts[1:], len(input_ids)], strict=True)):
-            last = i + 1 == len(starts)
-            if last or not _rode(on_chunk, input_ids[begin:end], cache, begin):
+    length = len(input_ids)
+    with reserved(cache, length):
+        for begin, end in zip(starts, [*starts[1:], length], strict=True):
+            last = end == length
+            step = ChunkStep(input_ids[begin:end], cache, begin, not last, length - begin)
+            yield step
+            if not step.done:
                 with medium_products():
-                    logits = forward_chunk(model, cache_kwarg, input_ids[begin:end], cache, begin)
-            if on_chunk is not None and not last:
-                on_chunk()
+                    logits = forward_chunk(model, cache_kwarg, step.ids, cache, begin)
     return logits

@@ -1,23 +1,20 @@
-"""The cached prefill: lookup -> hit / prefix hit / document hit / miss, then store.
+"""The cache tiers of a prompt: lookup into a plan, and storage of what the engine computed.
 
-hit           the compressed KV and the prompt's last logits are loaded; no forward pass.
-prefix hit    the full KV of the document prefix is loaded and only the tail (the question
-              and the generation prompt) is prefilled on top of it, then compressed with the
-              tail's own observation window; when the tail is shorter than the window, the
-              loaded prefix is cropped so the forward pass covers the whole window.
-              :meth:`CachedPrefill.lookup` finds hits and prefix hits without computing;
-              :meth:`CachedPrefill.finish_prefix_hits` finishes several prefix hits in
-              shared passes (:mod:`ragsnap.runtime.tails`).
-document hit  the prefix is assembled from per-document pieces (any order, any combination;
-              see :mod:`ragsnap.cache.tiers.documents`) with a share of its tokens recomputed,
-              then the tail is prefilled and compressed as after a prefix hit.
-miss          the prompt is prefilled, in the same two steps when a prefix entry is wanted
-              (prefix, then tail), so a later prefix hit repeats exactly this computation;
-              the pieces of its documents are computed and stored after the answer.
-              A press that propagates (query-aware prefill) computes a document set seen
-              for the first time in one query-aware pass, storing no prefix entry; when
-              the set recurs it is prefilled in the two steps above (prefix entry stored),
-              so its later requests are prefix hits (their tails on the full path).
+:meth:`CachedPrefill.plan` finds what the tiers hold for a prompt and returns a data-only
+plan (:mod:`ragsnap.cache.tiers.plans`): an exact hit (the compressed entry), a prefix hit
+(the document prefix's full KV), a document hit (the documents' pieces) or cold. It reads
+entries and computes nothing; the engine executes the plan with the model
+(:mod:`ragsnap.engine.execute`) and hands back what it computed: the compressed entry
+(:meth:`CachedPrefill.store_result`) and a computed or assembled document prefix
+(:meth:`CachedPrefill.store_prefix`).
+
+A cold prompt's document prefix is written with the prompt's entry when the per-document
+tier is on (its pieces are views into it, :mod:`ragsnap.cache.tiers.documents`) or
+``prefix_store`` is ``always``; otherwise, and for an assembled prefix, it stays in this
+process's prefix memory and is written once its document set recurs. A press that
+propagates (query-aware prefill) computes a document set seen for the first time whole, with
+no prefix entry; when the set recurs its prefix is computed and stored, so its later
+requests are prefix hits.
 
 A computed compressed entry is written after the answer (with the prefix entry), and serves
 this process's requests for it from memory until then (:mod:`ragsnap.cache.tiers.unwritten`).
@@ -27,13 +24,12 @@ and computes without it; a damaged or stale entry is deleted and recomputed.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -49,24 +45,17 @@ from ragsnap.cache.serialization import (
     serialize_prefill,
     serialize_prefix,
 )
-from ragsnap.cache.tiers.documents import DEFAULT_RECOMPUTE_SHARE, DocumentRunner, DocumentTier
+from ragsnap.cache.tiers.documents import DocumentTier
 from ragsnap.cache.tiers.hit_memory import HitMemory
 from ragsnap.cache.tiers.orders import RecordedOrders
+from ragsnap.cache.tiers.plans import Cold, DocumentHit, ExactHit, Lookup, Plan, PrefixHit
 from ragsnap.cache.tiers.prefix_memory import Layers, PrefixMemory
 from ragsnap.cache.tiers.unwritten import UnwrittenEntries
-from ragsnap.compression import Press
-from ragsnap.compression.lookup_focus import uses_focus
-from ragsnap.compression.propagate import propagation_of
-from ragsnap.prompt.focus import prompt_focus
-from ragsnap.prompt.structure import prompt_roles
-from ragsnap.runtime.blend import DEFAULT_SELECTION
-from ragsnap.runtime.kv import cache_nbytes
-from ragsnap.runtime.loading.models import LoadedModel
-from ragsnap.runtime.prefill import PrefillResult, tail_start
-from ragsnap.runtime.tails import Tail
 
 if TYPE_CHECKING:
     from ragsnap.prompt.assembly import PromptLayout
+    from ragsnap.runtime.loading.models import LoadedModel
+    from ragsnap.runtime.prefill import PrefillResult
 
 logger = logging.getLogger(__name__)
 
@@ -91,67 +80,20 @@ def _remember(seen: OrderedDict[EntryKey, None], key: EntryKey) -> None:
         seen.popitem(last=False)
 
 
-class PrefillRunner(DocumentRunner, Protocol):
-    """What the tiers need of the model: a (chunked, cancellable) prefill and caches."""
-
-    def prefill(
-        self,
-        input_ids: Sequence[int],
-        press: Press,
-        *,
-        cache: Any | None = None,
-        start: int = 0,
-        on_chunk: Callable[[], None] | None = None,
-        roles: torch.Tensor | None = None,
-        focus: torch.Tensor | None = None,
-    ) -> PrefillResult: ...
-
-    def prefill_prompt(
-        self,
-        layout: PromptLayout,
-        press: Press,
-        *,
-        on_chunk: Callable[[], None] | None = None,
-        roles: torch.Tensor | None = None,
-        focus: torch.Tensor | None = None,
-    ) -> PrefillResult: ...
-
-    def prefill_full(
-        self, input_ids: Sequence[int], on_chunk: Callable[[], None] | None = None
-    ) -> Layers: ...
-
-    def cache_from(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Any: ...
-
-    def tails_batchable(self, tails: Sequence[Tail]) -> bool: ...
-
-    def prefill_tails(self, tails: Sequence[Tail]) -> list[PrefillResult]: ...
-
-
-@dataclass
-class PrefixHit:
-    """A prompt whose document prefix was loaded: only ``tail`` is left to finish
-    (:meth:`CachedPrefill.finish_prefix_hits`), then stored under ``key``."""
-
-    tail: Tail
-    key: EntryKey
-    report: CacheReport
-
-
 class CachedPrefill:
-    """Prefill through a :class:`KVStore` around ``runner`` on the ``loaded`` model."""
+    """The tiers of a :class:`KVStore` for the ``loaded`` model: plans and storage."""
 
     def __init__(
         self,
-        runner: PrefillRunner,
         loaded: LoadedModel,
         store: KVStore,
+        check_layers: Callable[[Layers], object],
         *,
         prefix_cache: bool = True,
         prefix_store: str = "recurring",
         storage_dtype: torch.dtype | None = None,
         document_cache: bool = False,
-        recompute_share: float = DEFAULT_RECOMPUTE_SHARE,
-        recompute_select: str = DEFAULT_SELECTION,
+        blend_reason: str | None = None,
         prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
         unwritten_bytes: int = DEFAULT_UNWRITTEN_BYTES,
         hit_memory_bytes: int = DEFAULT_HIT_MEMORY_BYTES,
@@ -159,16 +101,15 @@ class CachedPrefill:
         """``prefix_store``: when a computed document prefix is written to the store,
         ``recurring`` (once its document set recurs; the first time it stays in this
         process's prefix memory only) or ``always``. ``document_cache`` keeps each
-        document's KV for prompts that combine them anew,
-        recomputing ``recompute_share`` of their tokens (0: plain concatenation), chosen
-        per ``recompute_select`` (see :func:`ragsnap.runtime.blend.blend_prefix`);
-        ``prefix_memory_bytes`` of the most recently used document prefixes stay in this
+        document's KV for prompts that combine them anew (unless ``blend_reason`` says why
+        the model cannot assemble them); ``check_layers`` raises for layers that do not fit
+        the model (a loaded entry that does not is a miss); ``prefix_memory_bytes`` of the most recently used document prefixes stay in this
         process's memory in front of the store (:mod:`ragsnap.cache.tiers.prefix_memory`);
         compressed entries wait for their write after the answer in up to
         ``unwritten_bytes`` of memory (:mod:`ragsnap.cache.tiers.unwritten`); the most recently
         read or written ones stay loaded in up to ``hit_memory_bytes``
         (:mod:`ragsnap.cache.tiers.hit_memory`)."""
-        self.runner = runner
+        self.check_layers = check_layers
         self.loaded = loaded
         self.store = store
         if prefix_store not in ("recurring", "always"):
@@ -179,12 +120,8 @@ class CachedPrefill:
         self.memory = PrefixMemory(prefix_memory_bytes if prefix_cache else 0)
         self.unwritten = UnwrittenEntries(unwritten_bytes)
         self.hits = HitMemory(hit_memory_bytes)
-        self.documents = (
-            DocumentTier(self, runner, recompute_share, recompute_select)
-            if document_cache
-            else None
-        )
-        # document prefixes computed here before (see _first_sight and _recurs)
+        self.documents = DocumentTier(self, blend_reason) if document_cache else None
+        # document prefixes computed here before (see _recurs)
         self.seen_prefixes: OrderedDict[EntryKey, None] = OrderedDict()
         # prefixes held in the prefix memory and not written (prefix_store "recurring")
         self.memory_only: OrderedDict[EntryKey, None] = OrderedDict()
@@ -238,7 +175,11 @@ class CachedPrefill:
         )
 
     def entry_keys(
-        self, layout: PromptLayout, press: Press, question: str, namespace: str | None
+        self,
+        layout: PromptLayout,
+        press_config: dict[str, Any],
+        question: str,
+        namespace: str | None,
     ) -> tuple[EntryKey, EntryKey]:
         """The compressed-entry key and the prefix-entry key of this prompt."""
         model = self.model_identity()
@@ -247,7 +188,7 @@ class CachedPrefill:
             namespace,
             model=model,
             template_version=layout.template_version,
-            press_config=press.config(),
+            press_config=press_config,
             doc_hashes=doc_hashes,
             question=question,
             prompt_ids=layout.input_ids,
@@ -263,44 +204,107 @@ class CachedPrefill:
         )
         return compressed, prefix
 
-    def prefix_start(self, layout: PromptLayout, press: Press) -> int:
-        """Where the final forward pass starts when the prefix is reused; 0 = no reuse."""
-        reuse = self.prefix_cache or self.documents is not None
-        return tail_start(layout, press) if reuse else 0
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether a prompt's document prefix is ever reused (then it is computed apart)."""
+        return self.prefix_cache or self.documents is not None
 
-    # -- the request ------------------------------------------------------------------
+    # -- the plan -----------------------------------------------------------------------
 
-    def prefill(
-        self,
-        layout: PromptLayout,
-        press: Press,
-        question: str,
-        namespace: str | None,
-        on_chunk: Callable[[], None] | None = None,
-    ) -> tuple[PrefillResult, CacheReport]:
-        """The prompt's compressed cache, from the store when possible; store errors never raise.
-
-        ``on_chunk`` runs between prefill chunks (see :func:`ragsnap.runtime.prefill.prefill`)."""
+    def plan(self, layout: PromptLayout, lookup: Lookup) -> Plan:
+        """What the tiers hold for ``layout``: the plan to execute (see
+        :mod:`ragsnap.cache.tiers.plans`). Reads entries, computes nothing, never raises
+        for the store."""
         report = CacheReport(status="miss")
-        ckey, pkey = self.entry_keys(layout, press, question, namespace)
-        loaded = self._load_compressed(ckey, report)
-        if loaded is not None:
-            return loaded, report
-        if report.status == "unavailable":
-            return self._compute(layout, press, pkey, report, False, on_chunk, namespace), report
-        with self.store.exclusive(ckey, wait_s=FLIGHT_WAIT_S):
-            loaded = self._load_compressed(ckey, report)  # another request computed it meanwhile
-            if loaded is not None:
-                return loaded, report
-            storing = report.status != "unavailable"
-            result = self._compute(layout, press, pkey, report, storing, on_chunk, namespace)
-            if storing:
-                self._put_later(ckey, result, report)
-        return result, report
+        ckey, pkey = self.entry_keys(layout, lookup.press_config, lookup.question, lookup.namespace)
+        stored = self.load_exact(ckey, report)
+        if stored is not None:
+            return ExactHit(ckey, stored, report)
+        storing = report.status != "unavailable"
+        split = lookup.split if self.reuses_prefixes else 0
+        if storing and split > 0:
+            prefix = self._load_prefix(pkey, layout, report) if self.prefix_cache else None
+            if prefix is not None:
+                report.status, report.tier = "prefix-hit", "prefix"
+                return PrefixHit(ckey, prefix, split, report)
+            pieces = None
+            if self.documents is not None:
+                pieces = self.documents.find(layout, lookup.namespace, report)
+                storing = report.status != "unavailable"
+            if pieces is not None:
+                report.status, report.tier = "document-hit", "documents"
+                head_len = layout.doc_spans[0][0]
+                return DocumentHit(ckey, pkey, split, head_len, pieces, report)
+            if storing and lookup.propagates and not self._recurs(pkey):
+                # query-aware prefill needs no full document KV: a document set seen for the
+                # first time takes it (no prefix entry); one that recurs gets the full
+                # prefill and its prefix entry, so its later requests are prefix hits
+                split = 0
+        report.tier = "cold"
+        return Cold(ckey, pkey, split, storing, report)
+
+    @contextmanager
+    def computing(self, plan: Plan) -> Iterator[ExactHit | None]:
+        """Hold the computation of ``plan``'s entry (one request computes it, the others
+        wait for it); gives the exact hit another request stored meanwhile, else None."""
+        if isinstance(plan, ExactHit):
+            yield plan
+            return
+        if isinstance(plan, Cold) and not plan.storing:
+            yield None
+            return
+        with self.store.exclusive(plan.key, wait_s=FLIGHT_WAIT_S):
+            stored = self.load_exact(plan.key, plan.report)
+            yield None if stored is None else ExactHit(plan.key, stored, plan.report)
+
+    @contextmanager
+    def computing_many(self, plans: Sequence[PrefixHit]) -> Iterator[list[ExactHit | None]]:
+        """:meth:`computing` for several prefix hits finished together (each key once)."""
+        with self.store.exclusive_many([p.key for p in plans], wait_s=FLIGHT_WAIT_S):
+            found = []
+            for plan in plans:
+                stored = self.load_exact(plan.key, plan.report)
+                found.append(None if stored is None else ExactHit(plan.key, stored, plan.report))
+            yield found
+
+    # -- what the engine computed ---------------------------------------------------------
+
+    def store_result(self, plan: Plan, result: PrefillResult) -> None:
+        """Leave ``result`` (the prompt's compressed cache) to be written under the plan's
+        key after the answer; nothing when the store is unavailable."""
+        if isinstance(plan, ExactHit) or plan.report.status == "unavailable":
+            return
+        if isinstance(plan, Cold) and not plan.storing:
+            return
+        self._put_later(plan.key, result, plan.report)
+
+    def store_prefix(
+        self,
+        plan: Cold | DocumentHit,
+        layout: PromptLayout,
+        prefix: Layers,
+        namespace: str | None,
+    ) -> None:
+        """Keep the document prefix ``prefix`` (``[1, Hkv, prefix_len, D]`` per layer) that
+        executing ``plan`` computed or assembled: in memory, and written (see the module
+        docstring) with the pieces of the documents it is the first to hold."""
+        if plan.report.status == "unavailable" or (isinstance(plan, Cold) and not plan.storing):
+            return
+        slots = self.documents.new_slots(plan, layout, namespace) if self.documents else []
+        if not self.prefix_cache and not slots:
+            return  # nothing would read it
+        pkey = plan.prefix_key
+        kept = self.prefix_cache and self.memory.put(pkey, self._as_stored(prefix))
+        if slots or self.prefix_store == "always" or not kept or self._recurs(pkey):
+            self._write_prefix(pkey, prefix, layout, plan.report)
+            if self.documents is not None:
+                self.documents.point(slots, layout.prefix_len, pkey, plan.report)
+        else:  # seen once: the memory serves it, written if the set recurs
+            _remember(self.memory_only, pkey)
 
     def finish(self, report: CacheReport) -> None:
         """Write what was left for after the answer (its compressed entry, a miss's prefix
-        entry); a second call writes nothing."""
+        entry); a second call writes nothing. Store errors are logged, never raised."""
         pending, report.pending = report.pending, []
         for key, payload in pending:
             counted = CacheReport(status=report.status)  # its bytes were counted when queued
@@ -309,53 +313,6 @@ class CachedPrefill:
             if written and key.kind == KIND_COMPRESSED:
                 self._deserialize(key, payload())  # the next hit, from memory
             self.unwritten.written(key)
-
-    def lookup(
-        self, layout: PromptLayout, press: Press, question: str, namespace: str | None
-    ) -> tuple[PrefillResult | PrefixHit | None, CacheReport]:
-        """An exact hit's result, a prefix hit to finish, or None (:meth:`prefill` computes
-        it); nothing is computed here and store errors never raise."""
-        report = CacheReport(status="miss")
-        ckey, pkey = self.entry_keys(layout, press, question, namespace)
-        loaded = self._load_compressed(ckey, report)
-        if loaded is not None or report.status == "unavailable" or not self.prefix_cache:
-            return loaded, report
-        start = self.prefix_start(layout, press)
-        tail = Tail(layout.input_ids, [], start, press)
-        if start <= 0 or not self.runner.tails_batchable([tail]):
-            return None, report
-        prefix = self._load_prefix(pkey, layout, report)
-        if prefix is None:
-            return None, report
-        report.status, report.tier = "prefix-hit", "prefix"
-        focus = prompt_focus(self.loaded.tokenizer, layout) if uses_focus(press) else None
-        tail = dataclasses.replace(
-            tail, prefix=prefix, roles=prompt_roles(self.loaded.tokenizer, layout), focus=focus
-        )
-        return PrefixHit(tail, ckey, report), report
-
-    def finish_prefix_hits(self, hits: Sequence[PrefixHit]) -> list[PrefillResult]:
-        """Finish ``hits`` in shared passes and store each compressed entry (one result per
-        hit; hits of the same entry share one). An entry another request stored meanwhile
-        is loaded instead."""
-        unique = list({hit.key: hit for hit in hits}.values())
-        results: dict[EntryKey, PrefillResult] = {}
-        with self.store.exclusive_many([hit.key for hit in unique], wait_s=FLIGHT_WAIT_S):
-            todo = []
-            for hit in unique:
-                stored = self._load_compressed(hit.key, hit.report)
-                if stored is not None:
-                    results[hit.key] = stored
-                else:
-                    todo.append(hit)
-            tails = [hit.tail for hit in todo]
-            groups = [tails] if self.runner.tails_batchable(tails) else [[t] for t in tails]
-            computed = [r for group in groups if group for r in self.runner.prefill_tails(group)]
-            for hit, result in zip(todo, computed, strict=True):
-                results[hit.key] = result
-                if hit.report.status != "unavailable":
-                    self._put_later(hit.key, result, hit.report)
-        return [results[hit.key] for hit in hits]
 
     # -- store access, never raising ----------------------------------------------------
 
@@ -410,7 +367,8 @@ class CachedPrefill:
 
     # -- hit --------------------------------------------------------------------------
 
-    def _load_compressed(self, key: EntryKey, report: CacheReport) -> PrefillResult | None:
+    def load_exact(self, key: EntryKey, report: CacheReport) -> StoredPrefill | None:
+        """The compressed entry under ``key`` (memory, then the store), or None."""
         started = time.perf_counter()
         stored = self.hits.get(key)
         if stored is None:
@@ -421,108 +379,23 @@ class CachedPrefill:
             if stored is None:
                 return None
             report.bytes_read += len(payload)
-        cache = self.runner.cache_from(stored.layers)
         report.status, report.tier = "hit", "exact"
         report.load_s += time.perf_counter() - started
-        return PrefillResult(
-            cache=cache,
-            original_length=stored.original_length,
-            next_logits=stored.next_logits,
-            kept=stored.kept,
-            press_config=stored.press_config,
-            prefill_s=0.0,
-            compress_s=0.0,
-            kv_bytes_full=stored.kv_bytes_full,
-            kv_bytes_kept=cache_nbytes(cache),
-            processed_tokens=0,
-            bias=stored.decode_bias,
-            draft=stored.draft,
-        )
+        return stored
 
     def _deserialize(self, key: EntryKey, payload: bytes) -> StoredPrefill | None:
         """``payload`` loaded and remembered in :attr:`hits`; None (and the entry dropped)
         when it does not load."""
         try:
             stored = deserialize_prefill(payload, **self.entry_identity())
-            self.runner.cache_from(stored.layers)  # the model's layer layout, or a miss here
+            self.check_layers(stored.layers)  # the model's layer layout, or a miss here
         except Exception as exc:  # any entry that does not load is a miss, never a 500
             self.drop_entry(key, exc)
             return None
         self.hits.put(key, stored)
         return stored
 
-    # -- prefix hit and miss ----------------------------------------------------------
-
-    def _compute(
-        self,
-        layout: PromptLayout,
-        press: Press,
-        pkey: EntryKey,
-        report: CacheReport,
-        store: bool,
-        on_chunk: Callable[[], None] | None,
-        namespace: str | None = None,
-    ) -> PrefillResult:
-        start = self.prefix_start(layout, press)
-        roles = prompt_roles(self.loaded.tokenizer, layout)
-        focus = prompt_focus(self.loaded.tokenizer, layout) if uses_focus(press) else None
-        report.tier = "cold"
-        if start <= 0:
-            return self.runner.prefill_prompt(
-                layout, press, on_chunk=on_chunk, roles=roles, focus=focus
-            )
-        prefix_s, prefix_tokens = 0.0, 0  # the document-prefix pass, when this request runs it
-        prefix = self._load_prefix(pkey, layout, report) if store and self.prefix_cache else None
-        if prefix is not None:
-            report.status, report.tier = "prefix-hit", "prefix"
-        elif store and self.documents is not None:
-            assembled = self.documents.assemble(layout, namespace, report)
-            if assembled is not None:
-                report.status, report.tier = "document-hit", "documents"
-                report.recomputed_tokens = assembled.recomputed
-                prefix, prefix_s, prefix_tokens = (
-                    assembled.layers,
-                    assembled.seconds,
-                    assembled.recomputed,
-                )
-        if prefix is None and self._first_sight(pkey, press):
-            # query-aware prefill needs no full document KV: a document set seen for the
-            # first time takes it (no prefix entry); one that recurs gets the full prefill
-            # and its prefix entry, so its later requests are prefix hits
-            return self.runner.prefill_prompt(
-                layout, press, on_chunk=on_chunk, roles=roles, focus=focus
-            )
-        if prefix is None:
-            prefix_started = time.perf_counter()
-            prefix = self.runner.prefill_full(layout.input_ids[: layout.prefix_len], on_chunk)
-            prefix_s, prefix_tokens = time.perf_counter() - prefix_started, layout.prefix_len
-            if store and self.prefix_cache:
-                kept = self.memory.put(pkey, self._as_stored(prefix))
-                if self.prefix_store == "always" or not kept or self._recurs(pkey):
-                    self._write_prefix(pkey, prefix, layout, report)
-                else:  # seen once: the memory serves it, written if the set recurs
-                    _remember(self.memory_only, pkey)
-        with torch.inference_mode():
-            cropped = [(k[:, :, :start], v[:, :, :start]) for k, v in prefix]
-        result = self.runner.prefill(
-            layout.input_ids,
-            press,
-            cache=self.runner.cache_from(cropped),
-            start=start,
-            on_chunk=on_chunk,
-            roles=roles,
-            focus=focus,
-        )
-        result.prefill_s += prefix_s  # the figures cover both passes of a miss
-        result.processed_tokens += prefix_tokens
-        return result
-
-    def _first_sight(self, pkey: EntryKey, press: Press) -> bool:
-        """Whether ``press`` propagates and this is the first time its prefix is computed
-        here (then it is remembered: the next time is a recurrence)."""
-        if propagation_of(press) is None or not press.window_only:
-            return False
-        return not self._recurs(pkey)
+    # -- prefixes ---------------------------------------------------------------------
 
     def _recurs(self, pkey: EntryKey) -> bool:
         """Whether ``pkey``'s document set was computed before, here or by any process of
@@ -583,22 +456,30 @@ class CachedPrefill:
 
     def _load_prefix(
         self, key: EntryKey, layout: PromptLayout, report: CacheReport
-    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    ) -> Layers | None:
+        """The document prefix of ``layout`` under ``key``; one kept in memory only is
+        written now (its document set recurs)."""
+        layers = self.load_prefix_entry(key, layout.prefix_len, report)
+        if layers is not None and key in self.memory_only:
+            self._write_prefix(key, layers, layout, report)
+        return layers
+
+    def load_prefix_entry(
+        self, key: EntryKey, prefix_len: int, report: CacheReport
+    ) -> Layers | None:
+        """The prefix entry under ``key`` (``[1, Hkv, prefix_len, D]`` per layer), from the
+        prefix memory or the store (then kept in memory), or None."""
         started = time.perf_counter()
         kept = self.memory.get(key)
         if kept is not None:
             report.load_s += time.perf_counter() - started
-            if key in self.memory_only:  # its document set recurs: now it is written
-                self._write_prefix(key, kept, layout, report)
             return kept
         payload = self.read_entry(key, report)
         if payload is None:
             return None
         try:
-            layers = deserialize_prefix(
-                payload, prefix_len=layout.prefix_len, **self.entry_identity()
-            )
-            self.runner.cache_from(layers)  # the model's layer layout, or a miss here
+            layers = deserialize_prefix(payload, prefix_len=prefix_len, **self.entry_identity())
+            self.check_layers(layers)  # the model's layer layout, or a miss here
         except Exception as exc:  # any entry that does not load is a miss, never a 500
             self.drop_entry(key, exc)
             return None

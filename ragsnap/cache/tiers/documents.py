@@ -1,23 +1,27 @@
-"""The per-document tier: each document's KV stored once, reused in any combination and order.
+"""The per-document tier: each document's KV reused in any combination and order.
 
 A prompt's document ``i`` is the tokens of ``[n] title\\ntext``. Its ``[n]`` label changes
-with the order, so the stored piece is the rest, the body, as it tokenizes in this prompt
-(the key holds the body's token digest: a tokenizer that merged label and body would give
-another key, a miss, never a wrong piece). The body is computed once right after the
-prompt head at positions ``head_len ..`` and stored full (compression happens after
-assembly, with this prompt's question). Assembly re-encodes each piece to its place and
-recomputes the labels and ``share`` of the body tokens with the full context (see
-:mod:`ragsnap.runtime.blend`); the tail then prefills on top with the press, as after a
-prefix hit. Entries share the store, serialization, TTL, eviction and damage handling of
-the other tiers; they are keyed without the question, the press or the other documents,
-within the namespace.
+with the order, so a piece is the rest, the body, as it tokenizes in this prompt (the key
+holds the body's token digest: a tokenizer that merged label and body would give another
+key, a miss, never a wrong piece). A piece is not computed on its own: when a cold prompt's
+document prefix is written, each of its documents gets a small entry pointing into it
+(the prefix's key, where the body starts, its length). So a miss pays no second pass and
+writes its documents' KV once, in its prefix entry; a later prompt that combines documents
+anew loads the prefixes its pieces point into (each once, through the prefix memory) and
+cuts the bodies out. A body so cut was computed after the documents before it in its first
+prompt; the engine re-encodes it to its new place and recomputes the labels, the documents
+no piece covers and a share of the body tokens with the full context
+(:mod:`ragsnap.runtime.blend`). Pointers are keyed without the question, the press or the
+other documents, within the namespace; a pointer whose prefix is gone, damaged or of
+another length is a miss (and deleted).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,9 +30,9 @@ import torch
 from ragsnap.cache import keys
 from ragsnap.cache.backends.store import EntryKey
 from ragsnap.cache.report import CacheReport
-from ragsnap.cache.serialization import KIND_DOCUMENT, deserialize_prefix, serialize_prefix
+from ragsnap.cache.serialization import FORMAT_VERSION, KIND_DOCUMENT, KIND_PREFIX, StaleEntry
+from ragsnap.cache.tiers.plans import Cold, DocumentHit, FoundPiece
 from ragsnap.prompt.assembly import encode_user_text
-from ragsnap.runtime.blend import DEFAULT_SELECTION, SELECTIONS, BlendResult, PlacedPiece
 
 if TYPE_CHECKING:
     from ragsnap.prompt.assembly import PromptLayout
@@ -38,52 +42,23 @@ logger = logging.getLogger(__name__)
 
 Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # assemble when at least this share of the documents comes from the tier (the rest is
-# computed alone on the spot); below it a cold prefill is cheaper than pieces + recompute
+# recomputed with the full context); below it a cold prefill is cheaper
 MIN_REUSED_SHARE = 0.5
-# CacheBlend's share: on 12 held-out items (60+ of HotpotQA and BioASQ factoid) the first
-# share whose KL to the cold answer is under a third of plain concatenation's with the
-# question selection (0.285; 0.12 gave 0.346), at 3.58x the cold first token (AMD EPYC,
-# float32, 1 thread; on a Xeon with AMX in bfloat16 about 2.35x). issue 44, docs/results.md
-# "Reuse on by default (issue 44, session 26)"
-DEFAULT_RECOMPUTE_SHARE = 0.15
 
 
 class TierOwner(Protocol):
     """What the per-document tier uses of the tiers around it (:class:`CachedPrefill`)."""
 
     loaded: LoadedModel
-    runner: Any
-    storage_dtype: torch.dtype | None
+    store: Any
 
     def read_entry(self, key: EntryKey, report: CacheReport) -> bytes | None: ...
     def drop_entry(self, key: EntryKey, reason: Exception) -> None: ...
     def model_identity(self) -> dict[str, str]: ...
     def storage_label(self) -> str | None: ...
-    def entry_identity(self) -> dict[str, Any]: ...
-    def stored_bytes(self, layers: Layers) -> int: ...
-
-
-class DocumentRunner(Protocol):
-    """What the tier needs of the model (``ModelRuntime`` provides it)."""
-
-    def blend_support(self) -> str | None: ...
-
-    def head_kv(self, head_ids: Sequence[int]) -> Layers: ...
-
-    def document_pieces(
-        self, head_ids: Sequence[int], bodies: Sequence[Sequence[int]], head: Layers | None = ...
-    ) -> list[Layers]: ...
-
-    def blend_prefix(
-        self,
-        prefix_ids: Sequence[int],
-        head_len: int,
-        pieces: Sequence[PlacedPiece],
-        share: float,
-        select: str = ...,
-        probe_ids: Sequence[int] = ...,
-        head: Layers | None = ...,
-    ) -> BlendResult: ...
+    def load_prefix_entry(
+        self, key: EntryKey, prefix_len: int, report: CacheReport
+    ) -> Layers | None: ...
 
 
 @dataclass(frozen=True)
@@ -96,42 +71,53 @@ class DocumentSlot:
     body: tuple[int, ...]
 
 
-@dataclass
-class Assembled:
-    """A prefix built from pieces: KV ``[1, Hkv, prefix_len, D]`` per layer."""
+def pointer_payload(slot: DocumentSlot, prefix: EntryKey, prefix_len: int, model_id: str) -> bytes:
+    """The entry of ``slot``'s piece: its body at ``slot.start`` of the prefix ``prefix``."""
+    return json.dumps(
+        {
+            "format_version": FORMAT_VERSION,
+            "kind": KIND_DOCUMENT,
+            "model_id": model_id,
+            "prefix": prefix.digest,
+            "prefix_len": prefix_len,
+            "start": slot.start,
+            "length": len(slot.body),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
 
-    layers: Layers
-    reused: int  # documents whose piece came from the store
-    recomputed: int  # prompt positions run with the full context (labels, chosen, missing)
-    seconds: float
+
+def read_pointer(payload: bytes, slot: DocumentSlot, model_id: str) -> tuple[str, int, int]:
+    """``(prefix digest, prefix length, body start)`` of a piece's entry; raises
+    :class:`StaleEntry` for anything else (another format, model or body length)."""
+    try:
+        data = json.loads(payload)
+        digest, prefix_len, start = str(data["prefix"]), int(data["prefix_len"]), int(data["start"])
+        ok = (
+            data["format_version"] == FORMAT_VERSION
+            and data["kind"] == KIND_DOCUMENT
+            and data["model_id"] == model_id
+            and int(data["length"]) == len(slot.body)
+            and len(digest) == 64
+            and 0 < start <= prefix_len - len(slot.body)
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StaleEntry(f"unreadable piece entry: {exc}") from exc
+    if not ok:
+        raise StaleEntry("a piece entry of another format, model or length")
+    return digest, prefix_len, start
 
 
 class DocumentTier:
-    """Per-document pieces of ``owner``'s store (its get/put/drop never raise)."""
+    """Per-document pieces of ``owner``'s store (its get/put/drop never raise);
+    ``blend_reason``: why the model cannot assemble a prefix from pieces (None: it can)."""
 
-    def __init__(
-        self,
-        owner: TierOwner,
-        runner: DocumentRunner,
-        share: float,
-        select: str = DEFAULT_SELECTION,
-    ) -> None:
-        if not 0.0 <= share <= 1.0:
-            raise ValueError(f"the recompute share must be in [0, 1], got {share}")
-        if select not in SELECTIONS:
-            raise ValueError(f"unknown recompute selection {select!r}; one of {SELECTIONS}")
-        self.owner, self.runner, self.share, self.select = owner, runner, share, select
-        # the last prompt head's KV: every prompt of a template starts with the same head
-        self._head: tuple[tuple[int, ...], Layers] | None = None
+    def __init__(self, owner: TierOwner, blend_reason: str | None = None) -> None:
+        self.owner, self.blend_reason = owner, blend_reason
 
-    def head(self, head_ids: Sequence[int]) -> Layers:
-        """The KV of ``head_ids``, computed once per distinct head (one forward saved)."""
-        kept, ids = self._head, tuple(head_ids)
-        if kept is not None and kept[0] == ids:
-            return kept[1]
-        layers = self.runner.head_kv(ids)
-        self._head = (ids, layers)  # one assignment: a concurrent reader sees old or new
-        return layers
+    def usable(self) -> bool:
+        return self.blend_reason is None
 
     def slots(self, layout: PromptLayout, namespace: str | None) -> list[DocumentSlot | None]:
         """Per document, its slot; None where its label does not tokenize apart from the body."""
@@ -160,133 +146,84 @@ class DocumentTier:
             out.append(DocumentSlot(i, key, start + len(label), body))
         return out
 
-    def assemble(
+    def find(
         self, layout: PromptLayout, namespace: str | None, report: CacheReport
-    ) -> Assembled | None:
-        """The prompt's document prefix from the tier, or None (then prefill cold; the
-        pieces this prompt lacked are left in ``report.pending`` to store after the answer)."""
-        reason = self.runner.blend_support()
-        if reason is not None:
-            report.reuse_note = reason
+    ) -> list[FoundPiece] | None:
+        """The pieces the tier holds for ``layout``'s documents, or None when they are too
+        few (or the model cannot assemble them): then the prompt is computed cold."""
+        if self.blend_reason is not None:
+            report.reuse_note = self.blend_reason
+            return None
+        if not layout.documents:
             return None
         started = time.perf_counter()
-        slots = self.slots(layout, namespace)
-        found: dict[int, Layers] = {}
-        for slot in slots:
+        found: list[FoundPiece] = []
+        prefixes: dict[str, Layers | None] = {}
+        for slot in self.slots(layout, namespace):
             if slot is None:
                 continue
-            layers = self._load(slot, report)
+            piece = self._load(slot, prefixes, report)
             if report.status == "unavailable":
                 return None
-            if layers is not None:
-                found[slot.index] = layers
-        usable = [s for s in slots if s is not None]
-        missing = [s for s in usable if s.index not in found]
+            if piece is not None:
+                found.append(piece)
         if len(found) < MIN_REUSED_SHARE * len(layout.documents):
-            self._queue(layout, missing, report)
             return None
-        head_len = layout.doc_spans[0][0]
-        head = layout.input_ids[:head_len]
-        head_layers = self.head(head)
-        computed = (
-            self.runner.document_pieces(head, [s.body for s in missing], head_layers)
-            if missing
-            else []
-        )
-        for slot, layers in zip(missing, computed, strict=True):
-            found[slot.index] = layers
-            report.pending.append((slot.key, self._payload(slot, _constant(layers))))
-        self._count_written(missing, head_layers, report)
-        placed = [PlacedPiece(found[s.index], head_len, s.start) for s in usable]
-        blend = self.runner.blend_prefix(
-            layout.input_ids[: layout.prefix_len],
-            head_len,
-            placed,
-            self.share,
-            self.select,
-            layout.input_ids[layout.prefix_len :],
-            head_layers,
-        )
-        report.reused_documents = len(found) - len(missing)
-        return Assembled(
-            layers=blend.layers,
-            reused=report.reused_documents,
-            recomputed=len(blend.recomputed) + sum(len(s.body) for s in missing),
-            seconds=time.perf_counter() - started,
-        )
+        report.reused_documents = len(found)
+        report.load_s += time.perf_counter() - started
+        return found
 
-    def _load(self, slot: DocumentSlot, report: CacheReport) -> Layers | None:
-        owner, started = self.owner, time.perf_counter()
+    def _load(
+        self, slot: DocumentSlot, prefixes: dict[str, Layers | None], report: CacheReport
+    ) -> FoundPiece | None:
+        owner = self.owner
         payload = owner.read_entry(slot.key, report)
         if payload is None:
             return None
         try:
-            layers = deserialize_prefix(
-                payload, prefix_len=len(slot.body), kind=KIND_DOCUMENT, **owner.entry_identity()
-            )
-            owner.runner.cache_from(layers)  # the model's layer layout, or a miss here
-        except Exception as exc:  # any entry that does not load is a miss, never a 500
+            digest, prefix_len, start = read_pointer(payload, slot, owner.loaded.model_id)
+        except StaleEntry as exc:
             owner.drop_entry(slot.key, exc)
             return None
         report.bytes_read += len(payload)
-        report.load_s += time.perf_counter() - started
-        return layers
+        if digest not in prefixes:
+            prefix_key = EntryKey(slot.key.namespace, KIND_PREFIX, digest)
+            prefixes[digest] = owner.load_prefix_entry(prefix_key, prefix_len, report)
+        layers = prefixes[digest]
+        if layers is None:  # its prefix is gone: so is the piece
+            owner.drop_entry(slot.key, StaleEntry("the piece's prefix is gone"))
+            return None
+        end = start + len(slot.body)
+        body = [(k[:, :, start:end], v[:, :, start:end]) for k, v in layers]
+        return FoundPiece(body, start, slot.start)
 
-    def queue_all(self, layout: PromptLayout, namespace: str | None, report: CacheReport) -> None:
-        """After a cold prefill the tier was not asked about: store every piece later."""
-        if self.runner.blend_support() is None:
-            self._queue(layout, [s for s in self.slots(layout, namespace) if s], report)
+    def new_slots(
+        self, plan: Cold | DocumentHit, layout: PromptLayout, namespace: str | None
+    ) -> list[DocumentSlot]:
+        """The slots of ``layout`` whose pieces ``plan``'s prefix is the first to hold: every
+        document of a cold prompt, the documents a document hit found no piece for."""
+        if self.blend_reason is not None:
+            return []
+        slots = [s for s in self.slots(layout, namespace) if s is not None]
+        if isinstance(plan, DocumentHit):
+            found = {piece.start for piece in plan.pieces}
+            slots = [s for s in slots if s.start not in found]
+        return slots
 
-    def _queue(
-        self, layout: PromptLayout, missing: Sequence[DocumentSlot], report: CacheReport
+    def point(
+        self,
+        slots: Sequence[DocumentSlot],
+        prefix_len: int,
+        prefix: EntryKey,
+        report: CacheReport,
     ) -> None:
-        """Leave the pieces of ``missing`` to compute and store after the answer: one extra
-        forward of their bodies after the head (no cross-document attention), off the TTFT."""
-        if not missing:
-            return
-        head = layout.input_ids[: layout.doc_spans[0][0]]
-        computed: list[Layers] = []
-
-        def pieces() -> list[Layers]:
-            if not computed:  # one pass for all of them, on the first write
-                bodies = [s.body for s in missing]
-                computed.extend(self.runner.document_pieces(head, bodies, self.head(head)))
-            return computed
-
-        for i, slot in enumerate(missing):
-            report.pending.append((slot.key, self._payload(slot, _item(pieces, i))))
-        self._count_written(missing, self.head(head), report)
-
-    def _count_written(
-        self, slots: Sequence[DocumentSlot], head: Layers, report: CacheReport
-    ) -> None:
-        """Add the stored bytes of ``slots``' pieces to ``report`` before they are computed:
-        a piece holds per token what the head's KV (``[1, Hkv, h, D]`` per layer) does."""
-        per_token = self.owner.stored_bytes(head) / head[0][0].shape[2]
-        report.bytes_written += round(per_token * sum(len(s.body) for s in slots))
-
-    def _payload(self, slot: DocumentSlot, layers: Callable[[], Layers]) -> Callable[[], bytes]:
-        loaded, dtype = self.owner.loaded, self.owner.storage_dtype
-
-        def serialize() -> bytes:
-            return serialize_prefix(
-                layers(),
-                prefix_len=len(slot.body),
-                model_id=loaded.model_id,
-                revision=loaded.revision,
-                storage_dtype=dtype,
-                kind=KIND_DOCUMENT,
-            )
-
-        return serialize
+        """Leave, for after the answer, the pieces of ``slots`` as pointers into the
+        document prefix of ``prefix_len`` tokens stored under ``prefix``."""
+        model_id = self.owner.loaded.model_id
+        for slot in slots:
+            data = pointer_payload(slot, prefix, prefix_len, model_id)
+            report.pending.append((slot.key, lambda data=data: data))
+            report.bytes_written += len(data)
 
 
-def _constant(layers: Layers) -> Callable[[], Layers]:
-    return lambda: layers
-
-
-def _item(pieces: Callable[[], list[Layers]], i: int) -> Callable[[], Layers]:
-    return lambda: pieces()[i]
-
-
-__all__ = ["DEFAULT_RECOMPUTE_SHARE", "Assembled", "DocumentSlot", "DocumentTier"]
+__all__ = ["MIN_REUSED_SHARE", "DocumentSlot", "DocumentTier"]

@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             if statuses != ("miss", "hit", "prefix-hit"):
                 raise ConfigError(f"the store did not cache as expected: {statuses}", field="cache")
             layout = engine.build_prompt(QUESTION_A, documents, options.generation, order="given")
-            ckey, pkey = engine.tiers.entry_keys(layout, press, QUESTION_A, namespace)
+            ckey, pkey = engine.tiers.entry_keys(layout, press.config(), QUESTION_A, namespace)
             started = time.perf_counter()
             payload = store.get(ckey)
             assert payload is not None
@@ -270,9 +270,9 @@ def _precision(
     try:
         layout = engine.build_prompt(QUESTION_A, documents, longer.generation, order="given")
         exact = runtime.prefill(layout.input_ids, press)
-        _, stored = engine.tiers.prefill(layout, press, QUESTION_A, namespace)
+        _, stored = engine.prefill(layout, press, QUESTION_A, namespace)
         engine.tiers.finish(stored)  # written now: the next prefill reads the store
-        loaded, report = engine.tiers.prefill(layout, press, QUESTION_A, namespace)
+        loaded, report = engine.prefill(layout, press, QUESTION_A, namespace)
         assert report.status == "hit"
         errors = [
             (a.keys - b.keys).abs().max().item()

@@ -30,12 +30,11 @@ from typing import Any
 
 import torch
 
-from ragsnap.cache.tiers.documents import DEFAULT_RECOMPUTE_SHARE
 from ragsnap.cli.bench.reuse_items import DEFAULT_TYPES, NEEDLE_DIGITS, REUSE_FORMATS
 from ragsnap.cli.options import add_dtype_option
 from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
-from ragsnap.runtime.blend import DEFAULT_SELECTION, SELECTIONS
+from ragsnap.runtime.blend import DEFAULT_RECOMPUTE_SHARE, DEFAULT_SELECTION, SELECTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +117,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     from ragsnap.cli.bench.reuse_scores import answer_scores, run_summary
     from ragsnap.compression import make_press
     from ragsnap.compression.lookup_focus import uses_focus
+    from ragsnap.engine.execute import PlanExecutor
     from ragsnap.engine.loading import plain_runtime
     from ragsnap.engine.options import given_fields
     from ragsnap.eval.fidelity import compare, full_reference
@@ -159,14 +159,18 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     scratch = tempfile.TemporaryDirectory(prefix="ragsnap-bench-reuse-")
     store = open_store(f"file://{scratch.name}")
     tiers = {
-        name(share, select): CachedPrefill(
+        name(share, select): PlanExecutor(
             runtime,
-            runtime.loaded,
-            store,
-            prefix_cache=False,
-            document_cache=True,
-            recompute_share=share,
-            recompute_select=select,
+            CachedPrefill(
+                runtime.loaded,
+                store,
+                runtime.cache_from,
+                prefix_cache=False,
+                document_cache=True,
+                blend_reason=runtime.blend_support(),
+            ),
+            share,
+            select,
         )
         for share, select in variants
     }
@@ -204,7 +208,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
             started = time.perf_counter()
             for i in range(0, args.pool, args.docs):
                 group = [passages[j].doc for j in window[i : i + args.docs]]
-                first.finish(first.prefill(layout_of("Read.", group), press, "Read.", namespace)[1])
+                read = first.prefill(layout_of("Read.", group), press, "Read.", namespace)[1]
+                first.tiers.finish(read)
             read_s += _since(started)
         entry = passages[q]
         order = [q, *rng.sample([i for i in window if i != q], args.docs - 1)]
@@ -258,8 +263,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
                 "recomputed": report.recomputed_tokens,
                 **answer_scores(runtime, layout, question, reused, tokens, **target),
             }
+            tier.tiers.finish(report)  # its assembled prefix stays in memory only
             store.delete(
-                tier.entry_keys(layout, press, question, namespace)[0]
+                tier.tiers.entry_keys(layout, press.config(), question, namespace)[0]
             )  # no exact hit next
         rows.append(row)
         logger.info(

@@ -39,9 +39,11 @@ def run(args: argparse.Namespace) -> int:
     from ragsnap.cache.tiers.cached_prefill import CachedPrefill
     from ragsnap.cli.bench.decode import layout_of_length
     from ragsnap.compression import make_press
+    from ragsnap.engine.execute import PlanExecutor
     from ragsnap.engine.loading import plain_runtime
     from ragsnap.engine.options import given_fields
     from ragsnap.eval.fidelity import compare, full_reference
+    from ragsnap.runtime.blend import DEFAULT_SELECTION
     from ragsnap.runtime.generation import GenerationConfig
 
     torch.set_num_threads(args.threads)
@@ -54,14 +56,17 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(f"file://{scratch.name}")
     tiers = {
         name: CachedPrefill(
-            runtime,
             runtime.loaded,
             store,
+            runtime.cache_from,
             prefix_cache=False,
             storage_dtype=None if name == "model" else parse_dtype(name),
             hit_memory_bytes=0,
         )
         for name in names
+    }
+    executors = {
+        name: PlanExecutor(runtime, tier, 0.0, DEFAULT_SELECTION) for name, tier in tiers.items()
     }
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for seed in range(args.prompts):
@@ -70,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
         reference = full_reference(runtime, full, runtime.generate(full, generation))
         for name, tier in tiers.items():
             question = f"storage {seed}"
-            _, miss = tier.prefill(layout, press, question, "bench")
+            _, miss = executors[name].prefill(layout, press, question, "bench")
             tier.finish(miss)
             started = time.perf_counter()
-            hit, report = tier.prefill(layout, press, question, "bench")
+            hit, report = executors[name].prefill(layout, press, question, "bench")
             load_s = time.perf_counter() - started
             if report.status != "hit":
                 raise RuntimeError(f"{name}: the stored entry did not load ({report.status})")

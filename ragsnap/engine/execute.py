@@ -1,0 +1,265 @@
+"""A cache plan executed with the model: one path per kind of hit.
+
+The cache tiers plan (:mod:`ragsnap.cache.tiers.plans`); this module computes what the plan
+leaves to compute with the runtime's primitives (prefill of a span, tails over a prefix,
+blend, compress) and hands the tiers what to store. :meth:`PlanExecutor.execute` is a
+generator of :class:`~ragsnap.runtime.prefill.ChunkStep` that yields before each prefill
+chunk: the in-process path drains it, the scheduler interleaves it with decode steps, so
+every entrance runs the same computation for the same plan.
+
+exact hit     the stored compressed cache; no pass.
+prefix hit    the tail over the loaded prefix (:func:`ragsnap.runtime.tails.prefill_tails`,
+              several hits in shared passes: :meth:`PlanExecutor.finish_prefix_hits`).
+document hit  the prefix assembled from the pieces with a share recomputed
+              (:func:`ragsnap.runtime.blend.blend_prefix`), then the tail on it.
+cold          the document prefix's full pass, then the tail on it (the prefix goes to the
+              tiers: later questions reuse it); or, with no split, the prompt whole.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ragsnap.cache.report import CacheReport
+from ragsnap.cache.tiers.plans import Cold, DocumentHit, ExactHit, Lookup, Plan, PrefixHit
+from ragsnap.compression import Press
+from ragsnap.compression.lookup_focus import uses_focus
+from ragsnap.compression.propagate import propagation_of
+from ragsnap.prompt.assembly import PromptLayout
+from ragsnap.prompt.focus import prompt_focus
+from ragsnap.prompt.structure import prompt_roles
+from ragsnap.runtime.blend import PlacedPiece
+from ragsnap.runtime.kv import cache_nbytes, crop_layers
+from ragsnap.runtime.model_runtime import ModelRuntime
+from ragsnap.runtime.prefill import ChunkStep, PrefillResult, drain, tail_start
+from ragsnap.runtime.tails import Tail
+
+if TYPE_CHECKING:
+    import torch
+
+    from ragsnap.cache.tiers.cached_prefill import CachedPrefill
+
+Layers = list[tuple["torch.Tensor", "torch.Tensor"]]
+
+
+@dataclass
+class PlannedPrompt:
+    """A prompt, its press and the plan the tiers gave it (None: no tiers, computed whole)."""
+
+    layout: PromptLayout
+    press: Press
+    plan: Plan | None
+    namespace: str | None = None
+
+
+class PlanExecutor:
+    """Executes plans on ``runtime`` and stores their results in ``tiers`` (when given);
+    a document hit recomputes ``share`` of its pieces' tokens chosen per ``select``."""
+
+    def __init__(
+        self,
+        runtime: ModelRuntime,
+        tiers: CachedPrefill | None,
+        share: float,
+        select: str,
+    ) -> None:
+        self.runtime, self.tiers, self.share, self.select = runtime, tiers, share, select
+        # the last prompt head's KV: every prompt of a template starts with the same head
+        self._head: tuple[tuple[int, ...], Layers] | None = None
+
+    def plan(
+        self, layout: PromptLayout, press: Press, question: str, namespace: str | None
+    ) -> PlannedPrompt:
+        """What the cache tiers hold for ``layout`` (a data-only plan; nothing computed)."""
+        if self.tiers is None:
+            return PlannedPrompt(layout, press, None, namespace)
+        lookup = Lookup(
+            press_config=press.config(),
+            question=question,
+            namespace=namespace,
+            split=tail_start(layout, press),
+            propagates=propagation_of(press) is not None and press.window_only,
+        )
+        return PlannedPrompt(layout, press, self.tiers.plan(layout, lookup), namespace)
+
+    def prefill(
+        self, layout: PromptLayout, press: Press, question: str, namespace: str | None
+    ) -> tuple[PrefillResult, CacheReport]:
+        """The prompt's compressed cache through the tiers, in this thread, and what the
+        tiers did (its entries are left for :meth:`CachedPrefill.finish`)."""
+        prompt = self.plan(layout, press, question, namespace)
+        result = drain(self.execute(prompt))
+        report = CacheReport(status="off") if prompt.plan is None else prompt.plan.report
+        return result, report
+
+    def execute(
+        self, prompt: PlannedPrompt, chunk: int | None = None
+    ) -> Generator[ChunkStep, None, PrefillResult]:
+        """The prompt's compressed cache: a :class:`ChunkStep` before each prefill chunk of
+        ``chunk`` tokens (None: the runtime's), the result at the end."""
+        plan, tiers = prompt.plan, self.tiers
+        if plan is None or tiers is None:
+            return (yield from self._whole(prompt, chunk))
+        if isinstance(plan, ExactHit):
+            return self.from_stored(plan)
+        if isinstance(plan, PrefixHit):
+            return self.finish_prefix_hits([prompt])[0]
+        with tiers.computing(plan) as stored:  # one request computes an entry
+            if stored is not None:
+                return self.from_stored(stored)
+            if isinstance(plan, Cold) and plan.split <= 0:
+                result = yield from self._whole(prompt, chunk)
+            else:
+                result = yield from self._on_prefix(prompt, plan, chunk)
+            tiers.store_result(plan, result)
+        return result
+
+    def from_stored(self, hit: ExactHit) -> PrefillResult:
+        """The decodable result of an exact hit (no forward pass)."""
+        stored = hit.stored
+        cache = self.runtime.cache_from(stored.layers)
+        return PrefillResult(
+            cache=cache,
+            original_length=stored.original_length,
+            next_logits=stored.next_logits,
+            kept=stored.kept,
+            press_config=stored.press_config,
+            prefill_s=0.0,
+            compress_s=0.0,
+            kv_bytes_full=stored.kv_bytes_full,
+            kv_bytes_kept=cache_nbytes(cache),
+            processed_tokens=0,
+            bias=stored.decode_bias,
+            draft=stored.draft,
+        )
+
+    def finish_prefix_hits(self, prompts: Sequence[PlannedPrompt]) -> list[PrefillResult]:
+        """Finish prefix hits in shared passes where they batch (one result per prompt;
+        prompts of the same entry share one); an entry another request stored meanwhile is
+        loaded instead."""
+        assert self.tiers is not None, "prefix hits come from the cache tiers"
+        unique = list({self._hit(p).key: p for p in prompts}.values())
+        results: dict[object, PrefillResult] = {}
+        hits = [self._hit(p) for p in unique]
+        with self.tiers.computing_many(hits) as stored:
+            todo = []
+            for prompt, hit, found in zip(unique, hits, stored, strict=True):
+                if found is not None:
+                    results[hit.key] = self.from_stored(found)
+                else:
+                    todo.append((prompt, hit))
+            tails = [self._tail(prompt, hit) for prompt, hit in todo]
+            runtime = self.runtime
+            groups = [tails] if runtime.tails_batchable(tails) else [[t] for t in tails]
+            computed = [
+                result
+                for group in groups
+                if group
+                for result in (
+                    runtime.prefill_tails(group)
+                    if runtime.tails_batchable(group)
+                    else [self._alone(group[0])]
+                )
+            ]
+            for (_, hit), result in zip(todo, computed, strict=True):
+                results[hit.key] = result
+                self.tiers.store_result(hit, result)
+        return [results[self._hit(p).key] for p in prompts]
+
+    # -- the paths -----------------------------------------------------------------------
+
+    def _whole(
+        self, prompt: PlannedPrompt, chunk: int | None
+    ) -> Generator[ChunkStep, None, PrefillResult]:
+        layout, press = prompt.layout, prompt.press
+        roles, focus = self._described(layout, press)
+        return (
+            yield from self.runtime.prefill_prompt_steps(
+                layout, press, chunk=chunk, roles=roles, focus=focus
+            )
+        )
+
+    def _on_prefix(
+        self, prompt: PlannedPrompt, plan: Cold | DocumentHit, chunk: int | None
+    ) -> Generator[ChunkStep, None, PrefillResult]:
+        """The document prefix computed (cold) or assembled (document hit), kept by the
+        tiers, then the tail prefilled on it from ``plan.split``."""
+        layout, press = prompt.layout, prompt.press
+        started = time.perf_counter()
+        if isinstance(plan, DocumentHit):
+            prefix, tokens = self._assemble(layout, plan)
+            plan.report.recomputed_tokens = tokens
+        else:
+            prefix = yield from self.runtime.prefill_full_steps(
+                layout.input_ids[: layout.prefix_len], chunk
+            )
+            tokens = layout.prefix_len
+        prefix_s = time.perf_counter() - started
+        assert self.tiers is not None
+        self.tiers.store_prefix(plan, layout, prefix, prompt.namespace)
+        roles, focus = self._described(layout, press)
+        result = yield from self.runtime.prefill_steps(
+            layout.input_ids,
+            press,
+            cache=self.runtime.cache_from(crop_layers(prefix, plan.split)),
+            start=plan.split,
+            chunk=chunk,
+            roles=roles,
+            focus=focus,
+        )
+        result.prefill_s += prefix_s  # the figures cover both passes
+        result.processed_tokens += tokens
+        return result
+
+    def _assemble(self, layout: PromptLayout, plan: DocumentHit) -> tuple[Layers, int]:
+        """The document prefix of ``layout`` from ``plan``'s pieces, and how many of its
+        positions were recomputed."""
+        head_ids = tuple(layout.input_ids[: plan.head_len])
+        if self._head is None or self._head[0] != head_ids:
+            self._head = (head_ids, self.runtime.head_kv(head_ids))
+        placed = [PlacedPiece(p.layers, p.base, p.start) for p in plan.pieces]
+        blend = self.runtime.blend_prefix(
+            layout.input_ids[: layout.prefix_len],
+            plan.head_len,
+            placed,
+            self.share,
+            self.select,
+            layout.input_ids[layout.prefix_len :],
+            self._head[1],
+        )
+        return blend.layers, len(blend.recomputed)
+
+    def _alone(self, tail: Tail) -> PrefillResult:
+        """A tail that batches with nothing (a sliding-window model), prefilled alone."""
+        steps = self.runtime.prefill_steps(
+            tail.input_ids,
+            tail.press,
+            cache=self.runtime.cache_from(crop_layers(list(tail.prefix), tail.start)),
+            start=tail.start,
+            roles=tail.roles,
+            focus=tail.focus,
+        )
+        result: PrefillResult = drain(steps)
+        return result
+
+    def _tail(self, prompt: PlannedPrompt, hit: PrefixHit) -> Tail:
+        roles, focus = self._described(prompt.layout, prompt.press)
+        return Tail(
+            prompt.layout.input_ids, hit.prefix, hit.split, prompt.press, roles=roles, focus=focus
+        )
+
+    @staticmethod
+    def _hit(prompt: PlannedPrompt) -> PrefixHit:
+        assert isinstance(prompt.plan, PrefixHit), "not a prefix hit"
+        return prompt.plan
+
+    def _described(
+        self, layout: PromptLayout, press: Press
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The prompt's roles and, for a press that uses it, its lookup focus (``[L]`` each)."""
+        tokenizer = self.runtime.tokenizer
+        focus = prompt_focus(tokenizer, layout) if uses_focus(press) else None
+        return prompt_roles(tokenizer, layout), focus
