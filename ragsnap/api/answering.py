@@ -14,16 +14,15 @@ from ragsnap.api.schemas import CitationsIn, CompressionIn, DocumentIn, Retrieva
 from ragsnap.api.services import Services
 from ragsnap.api.settings import Settings
 from ragsnap.api.worker import AnswerJob, JobFailure, QueueFullError, WorkerStoppedError
-from ragsnap.citations.options import CitationOptions
-from ragsnap.compression import make_press
-from ragsnap.compression.decode_snapkv import decode_compression
-from ragsnap.compression.propagate import without_propagation
 from ragsnap.engine.engine import AnswerOptions
 from ragsnap.engine.events import DoneEvent, MetaEvent
+from ragsnap.engine.request_options import answer_options as request_options
 from ragsnap.errors import ConfigError
 from ragsnap.prompt.assembly import ChatContext, DocumentOrder, Turn
 from ragsnap.prompt.documents import Document
-from ragsnap.runtime.generation import GenerationConfig
+
+# GenerationConfig's fields: a ConfigError naming one is about a top-level request field
+GENERATION_FIELDS = frozenset({"max_new_tokens", "temperature", "top_p", "seed", "stop"})
 
 
 def check_question(question: str, settings: Settings, param: str = "question") -> str:
@@ -207,7 +206,9 @@ def answer_options(
     document_order: DocumentOrder | None = None,
     unsupported: str | None = None,
 ) -> AnswerOptions:
-    """Press and generation settings; a bad value is a 422 naming its field."""
+    """The request's options (:func:`ragsnap.engine.request_options.answer_options` over the
+    server's settings), its answer length within the server's limit; a bad value is a 422
+    naming its field (``compression.<field>`` for a press option)."""
     default = min(settings.default_max_new_tokens, settings.max_new_tokens_limit)
     tokens = max_new_tokens if max_new_tokens is not None else default
     if tokens > settings.max_new_tokens_limit:
@@ -217,47 +218,35 @@ def answer_options(
             param=tokens_param,
             code="invalid_value",
         )
-    compression = compression or CompressionIn()
-    decode_fields = {"decode_slack", "decode_window"}
-    fields = compression.model_dump(
-        exclude={"press", "full_prefill", *decode_fields}, exclude_none=True
-    )
-    try:
-        press = make_press(compression.press or settings.default_press, **fields)
-        if compression.full_prefill or settings.full_prefill:
-            press = without_propagation(press)
-        decode = decode_compression(compression.decode_slack, compression.decode_window)
-    except ConfigError as exc:
-        param = f"compression.{exc.field}" if exc.field else "compression"
-        raise ApiError(422, f"{param}: {exc.message}", param=param, code="invalid_value") from None
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    cite = citations or CitationsIn()
     try:
-        generation = GenerationConfig(
-            max_new_tokens=tokens,
-            temperature=temperature or 0.0,
-            top_p=top_p if top_p is not None else 1.0,
-            seed=seed,
-            stop=stops,
+        return request_options(
+            settings,
+            compression,
+            generation={
+                "max_new_tokens": tokens,
+                "temperature": temperature or 0.0,
+                "top_p": top_p if top_p is not None else 1.0,
+                "seed": seed,
+                "stop": stops,
+            },
+            citations={**cite.model_dump(), "unsupported": unsupported},
+            chat=chat,
+            kept_tokens=kept_tokens,
+            document_order=document_order,
         )
     except ConfigError as exc:
-        param = exc.field or "generation"
+        param = _param_of(exc.field)
         raise ApiError(422, f"{param}: {exc.message}", param=param, code="invalid_value") from None
-    cite = citations or CitationsIn()
-    return AnswerOptions(
-        press=press,
-        generation=generation,
-        chat=chat,
-        decode_compression=decode,
-        citations=CitationOptions(
-            mode=cite.mode,
-            marker_control=cite.marker_control,
-            inline_markers=cite.inline_markers,
-            unsupported=unsupported or settings.unsupported,
-            abstain_text=settings.abstain_text,
-        ),
-        kept_tokens=kept_tokens,
-        document_order=document_order or settings.document_order,
-    )
+
+
+def _param_of(field: str | None) -> str:
+    """The request field a :class:`ConfigError` names: generation fields are top-level,
+    the others are the ``compression`` object's."""
+    if field in GENERATION_FIELDS:
+        return field
+    return f"compression.{field}" if field else "compression"
 
 
 async def submit_job(

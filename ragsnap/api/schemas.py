@@ -12,9 +12,9 @@ from pydantic import (
     ConfigDict,
     Field,
     field_validator,
-    model_validator,
 )
 
+from ragsnap.engine.press_settings import PressOverrides
 from ragsnap.prompt.assembly import DocumentOrder
 from ragsnap.runtime.generation import GREEDY_BELOW, MAX_TEMPERATURE, SEED_MAX, SEED_MIN
 
@@ -75,67 +75,10 @@ class DocumentIn(BaseModel):
         return value
 
 
-class CompressionIn(BaseModel):
-    """How to compress the prompt's KV cache (see ``ragsnap.compression``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    press: Text | None = Field(
-        default=None, min_length=1, max_length=64, description="default: ragsnap's default press"
-    )
-    budget: int | None = Field(
-        default=None, ge=1, le=1_000_000, description="tokens kept per KV head"
-    )
-    ratio: float | None = Field(default=None, gt=0, le=1, description="share of the prompt kept")
-    window: int | None = Field(default=None, ge=1, le=4096)
-    kernel: int | None = Field(default=None, ge=1, le=257)
-    pooling: Literal["max", "avg"] | None = None
-    keep_instruction: bool | None = Field(
-        default=None, description="always keep the system instruction's tokens"
-    )
-    lookup: bool | None = Field(
-        default=None,
-        description="on structured documents, keep first the record the question names",
-    )
-    lookahead: int | None = Field(
-        default=None,
-        ge=0,
-        le=64,
-        description="the first N answer tokens, drafted on the full cache, vote with the "
-        "observation window (the default press drafts 8; 0 turns it off)",
-    )
-    propagate_layer: int | None = Field(
-        default=None,
-        ge=1,
-        le=4096,
-        description="query-aware prefill: layers 1..s see every prompt token (default: the "
-        "model's calibrated s; giving it turns propagation on)",
-    )
-    propagate_share: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="query-aware prefill: share of the prompt's tokens past layer s",
-    )
-    full_prefill: bool | None = Field(
-        default=None, description="force the full prefill path (no query-aware prefill)"
-    )
-    decode_slack: int | None = Field(
-        default=None,
-        ge=1,
-        le=65_536,
-        description="decode-phase SnapKV: select again once a layer holds this many entries "
-        "more than its prompt kept (off when unset)",
-    )
-    decode_window: int | None = Field(
-        default=None, ge=1, le=4096, description="last answer tokens that vote (default 16)"
-    )
-
-    @model_validator(mode="after")
-    def _one_size(self) -> CompressionIn:
-        if self.budget is not None and self.ratio is not None:
-            raise ValueError("give budget or ratio, not both")
-        return self
+class CompressionIn(PressOverrides):
+    """How to compress the prompt's KV cache (see ``ragsnap.compression``): the press
+    settings a request may change, declared with their bounds once
+    (:class:`ragsnap.engine.press_settings.PressSettings`); unset fields take the server's."""
 
 
 class CitationsIn(BaseModel):

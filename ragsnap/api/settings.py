@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
-from ragsnap.engine.config import EngineConfig
+from ragsnap.engine.config import DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS, EngineConfig
 
 
 class Settings(EngineConfig):
@@ -133,7 +133,10 @@ class Settings(EngineConfig):
     max_queue: int = Field(default=8, ge=1, description="requests allowed to wait for the worker")
     retry_after_s: int = Field(default=2, ge=1, description="smallest Retry-After sent with a 429")
     max_batch: int = Field(
-        default=8, ge=1, le=256, description="requests decoded together (1: one at a time)"
+        default=DEFAULT_MAX_BATCH,
+        ge=1,
+        le=256,
+        description="requests decoded together (1: one at a time)",
     )
     # 512: cold 2K-token requests at 4 concurrent (embedded model, 2-core AVX2 CPU, prefill on
     # both cores) came 1.46x as fast as with 128 and their median first token 1.9x as soon
@@ -143,7 +146,7 @@ class Settings(EngineConfig):
     # 256 prefilled 2.3K tokens beside 8 rows in 2.38 s against 2.33 s at 512, with half
     # the token gaps (241 against 484 ms p50; one thread, shared 2-core AMX Xeon)
     step_tokens: int = Field(
-        default=512,
+        default=DEFAULT_STEP_TOKENS,
         ge=32,
         le=65536,
         description="token budget of one scheduler step: a prefill chunk plus one token per running request",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ragsnap.api.metrics import ServiceMetrics
+from ragsnap.engine.config import DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS
 from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
 from ragsnap.engine.events import AnswerEvent, DoneEvent
 from ragsnap.engine.scheduler import Scheduler
@@ -198,8 +199,8 @@ class EngineWorker:
         max_queue: int,
         metrics: ServiceMetrics,
         min_retry_s: int = 1,
-        max_batch: int = 8,
-        step_tokens: int = 512,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        step_tokens: int = DEFAULT_STEP_TOKENS,
         prefill_threads: int | None = None,
         decode_threads: int | None = None,
         kv_memory_bytes: int | None = None,

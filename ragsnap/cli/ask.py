@@ -17,7 +17,6 @@ from ragsnap.cli.options import (
     press_from_args,
 )
 from ragsnap.cli.progress import loading_model
-from ragsnap.compression.decode_snapkv import decode_compression
 from ragsnap.engine.options import add_config_options, config_from_args
 from ragsnap.errors import InputError
 
@@ -76,21 +75,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ragsnap.cache import open_store
-    from ragsnap.citations.options import CitationOptions
     from ragsnap.engine.engine import RagSnapEngine
     from ragsnap.engine.events import DoneEvent, MetaEvent, TokenEvent, event_payload
 
     if not args.question.strip():
         raise InputError("--question is empty", field="question")
     documents = gather_documents(args)
-    config = config_from_args(args)
-    citations = CitationOptions(
-        mode=args.citations,
-        marker_control=args.marker_control,
-        inline_markers=args.inline_markers,
-        unsupported=config.unsupported,
-        abstain_text=config.abstain_text,
-    )
+    config = config_from_args(args)  # the press flags are its fields
     press = press_from_args(args, config)  # bad options fail before the model loads,
     store = open_store(config.cache_url, key=config.cache_secret)  # and a bad cache URL
     with loading_model(config.model, config.device):
@@ -98,8 +89,11 @@ def run(args: argparse.Namespace) -> int:
     options = engine.default_options(
         press=press,
         generation=generation_from_args(args, config),
-        citations=citations,
-        decode_compression=decode_compression(args.decode_slack, args.decode_window),
+        citations={
+            "mode": args.citations,
+            "marker_control": args.marker_control,
+            "inline_markers": args.inline_markers,
+        },
     )
     done: DoneEvent | None = None
     for event in engine.stream(args.question, documents, options, namespace=args.namespace):

@@ -5,17 +5,18 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from ragsnap.compression import DEFAULT_PRESS, PRESSES, Press, make_press
-from ragsnap.compression.propagate import without_propagation
+from ragsnap.compression import Press
 from ragsnap.engine.config import EngineConfig, configured
 from ragsnap.engine.options import (
     CACHE_FIELDS,
     DECODE_FIELDS,
     MODEL_FIELDS,
+    PRESS_SIZE_FIELDS,
+    PRESS_TUNING_FIELDS,
     add_config_options,
     number_in,
 )
-from ragsnap.errors import ConfigError
+from ragsnap.engine.request_options import resolve_press
 from ragsnap.runtime.generation import MAX_TEMPERATURE, SEED_MAX, SEED_MIN, GenerationConfig
 
 if TYPE_CHECKING:
@@ -46,79 +47,17 @@ def add_dtype_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_press_options(parser: argparse.ArgumentParser) -> None:
+    """``--press``, ``--budget`` | ``--ratio`` and the tuning options: flags of the engine
+    configuration's press settings (:class:`~ragsnap.engine.press_settings.PressSettings`)."""
     group = parser.add_argument_group("compression")
-    group.add_argument(
-        "--press",
-        dest="default_press",
-        metavar="NAME",
-        help=f"one of: {', '.join(PRESSES)} (default: {DEFAULT_PRESS}; $RAGSNAP_DEFAULT_PRESS)",
-    )
-    size = group.add_mutually_exclusive_group()
-    size.add_argument(
-        "--budget", type=int, help="tokens kept per KV head, window included (default 512)"
-    )
-    size.add_argument("--ratio", type=float, help="share of the prompt kept per KV head, in (0, 1]")
+    add_config_options(group, ("default_press",))
+    add_config_options(group.add_mutually_exclusive_group(), PRESS_SIZE_FIELDS)
     add_press_tuning_options(group)
 
 
 def add_press_tuning_options(group: argparse._ActionsContainer) -> None:
     """The press options beside the press and its size (shared by ``ask`` and ``eval``)."""
-    group.add_argument(
-        "--window",
-        type=int,
-        help="observation window: last prompt tokens that vote, always kept (default 32)",
-    )
-    group.add_argument("--kernel", type=int, help="pooling kernel, odd (default 7)")
-    group.add_argument(
-        "--pooling", choices=("max", "avg"), help="pooling of the votes along positions"
-    )
-    group.add_argument(
-        "--layer-profile",
-        help="ragsnap / layerbudget: 'auto' (packaged profile), 'uniform', or a profile JSON "
-        "from 'ragsnap calibrate'",
-    )
-    group.add_argument(
-        "--keep-instruction",
-        action="store_true",
-        help="always keep the system instruction's tokens, whatever the press",
-    )
-    group.add_argument(
-        "--lookup",
-        action="store_true",
-        help="on structured documents, keep first the record the question names "
-        "(its key, attribute or cell matched against the question's words)",
-    )
-    group.add_argument(
-        "--lookahead",
-        type=int,
-        metavar="N",
-        help="draft the first N answer tokens on the full cache and let them vote with the "
-        "window (the default press drafts 8; 0 turns it off)",
-    )
-    group.add_argument(
-        "--propagate-layer",
-        type=int,
-        metavar="S",
-        help="query-aware prefill: layers 1..S see every prompt token, later ones only the "
-        "share the window chose (default: the model's calibrated s; implies propagation)",
-    )
-    group.add_argument(
-        "--propagate-share",
-        type=float,
-        metavar="P",
-        help="query-aware prefill: share of the prompt's tokens past layer S, in (0, 1] "
-        "(default: the model's calibrated p; implies propagation)",
-    )
-    add_config_options(group, ("full_prefill",))
-    group.add_argument(
-        "--decode-slack",
-        type=int,
-        help="decode-phase SnapKV: select again once a layer holds this many entries more "
-        "than its prompt kept (default: off)",
-    )
-    group.add_argument(
-        "--decode-window", type=int, help="answer tokens that vote while decoding (default 16)"
-    )
+    add_config_options(group, PRESS_TUNING_FIELDS)
 
 
 def press_tuning_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -168,14 +107,9 @@ def add_generation_options(parser: argparse.ArgumentParser) -> None:
 
 
 def press_from_args(args: argparse.Namespace, config: EngineConfig) -> Press:
-    """The press the flags name, else the config's default press."""
-    name = args.default_press or config.default_press
-    if name == "full":
-        return make_press("full")
-    if args.budget is not None and args.budget < 1:
-        raise ConfigError(f"--budget must be positive, got {args.budget}", field="budget")
-    press = make_press(name, budget=args.budget, ratio=args.ratio, **press_tuning_from_args(args))
-    return without_propagation(press) if config.full_prefill else press
+    """The press of ``config`` (built from ``args``: the press flags are its fields), as
+    every entrance resolves it (:func:`~ragsnap.engine.request_options.resolve_press`)."""
+    return resolve_press(config)
 
 
 def generation_from_args(args: argparse.Namespace, config: EngineConfig) -> GenerationConfig:

@@ -22,8 +22,13 @@ from ragsnap.engine.options import (
     given_fields,
 )
 
+# the server's queue and scheduler settings (flags from api.settings.Settings)
+QUEUE_FIELDS = ("max_queue", "max_batch", "kv_memory_gib", "step_tokens", "prefill_threads")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ragsnap.api.settings import Settings
+
     parser = subparsers.add_parser(
         "serve", help="run the HTTP service (streaming answers, OpenAI-compatible API, metrics)"
     )
@@ -36,33 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="folder the `query` field searches (BM25)",
     )
-    parser.add_argument(
-        "--max-queue", type=int, help="requests allowed to wait (default 8); more get 429"
-    )
-    parser.add_argument(
-        "--max-batch",
-        type=int,
-        help="most requests decoded together (default 8; 1: one at a time); with "
-        "--kv-memory-gib a ceiling, memory the constraint",
-    )
-    parser.add_argument(
-        "--kv-memory-gib",
-        type=float,
-        metavar="G",
-        help="KV memory of running requests, in GiB: those that do not fit wait in the queue, "
-        "one larger than all of it is refused ($RAGSNAP_KV_MEMORY_GIB; default: no bound)",
-    )
-    parser.add_argument(
-        "--step-tokens",
-        type=int,
-        help="token budget of a scheduler step: prefill chunk + one per running request (512)",
-    )
-    parser.add_argument(
-        "--prefill-threads",
-        type=int,
-        help="torch threads while a prompt prefills (default: every core the server may "
-        "run on); decode steps keep --threads",
-    )
+    add_config_options(parser, QUEUE_FIELDS, config=Settings)
     ray = parser.add_argument_group("Ray Serve (pip install 'ragsnap[ray]')")
     ray.add_argument(
         "--ray",

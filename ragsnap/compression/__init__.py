@@ -66,6 +66,21 @@ PRESSES: dict[str, Callable[..., Press]] = {
 DEFAULT_PRESS = "ragsnap-lookahead"
 
 
+# options every press but ``full`` takes: make_press wraps the press for them
+WRAPPER_OPTIONS = frozenset(
+    {"keep_instruction", "lookup", "lookahead", "propagate", "propagate_layer", "propagate_share"}
+)
+
+
+def press_options(name: str) -> frozenset[str]:
+    """The options press ``name`` takes: its factory's keywords and
+    :data:`WRAPPER_OPTIONS` (none for ``full``, nothing for an unknown name)."""
+    cls = PRESSES.get(name)
+    if cls is None or cls is FullPress:
+        return frozenset()
+    return frozenset(inspect.signature(cls).parameters) | WRAPPER_OPTIONS
+
+
 def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:
     """Build a press by name; options that are None are left at the press's default.
 

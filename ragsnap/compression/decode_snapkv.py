@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ragsnap.compression.base import DEFAULT_KERNEL
 from ragsnap.compression.snapkv import pool_scores
 from ragsnap.errors import ConfigError
 
@@ -29,7 +30,7 @@ class DecodeSnapKV:
 
     slack: int = 64
     window: int = 16
-    kernel: int = 7
+    kernel: int = DEFAULT_KERNEL
 
     def __post_init__(self) -> None:
         if not 1 <= self.window <= self.slack:

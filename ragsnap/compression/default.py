@@ -21,7 +21,7 @@ from ragsnap.compression.attention_matching import (
     DEFAULT_RIDGE,
     AttentionMatchingPress,
 )
-from ragsnap.compression.base import Press
+from ragsnap.compression.base import DEFAULT_BUDGET, DEFAULT_KERNEL, DEFAULT_WINDOW, Press
 from ragsnap.compression.layer_budgets import LayerBudgetSnapKVPress
 from ragsnap.compression.lookahead import LookaheadPress
 from ragsnap.compression.lookup_focus import LookupFocusPress
@@ -46,10 +46,10 @@ class RagSnapRolesPress(AttentionMatchingPress):
 
 
 def wordspan_press(
-    budget: int | None = 512,
+    budget: int | None = DEFAULT_BUDGET,
     ratio: float | None = None,
-    window: int = 32,
-    kernel: int = 7,
+    window: int = DEFAULT_WINDOW,
+    kernel: int = DEFAULT_KERNEL,
     pooling: Literal["max", "avg"] = "max",
     max_word_tokens: int = 12,
 ) -> SpanCompletionPress:
@@ -59,10 +59,10 @@ def wordspan_press(
 
 
 def attnmatch_press(
-    budget: int | None = 512,
+    budget: int | None = DEFAULT_BUDGET,
     ratio: float | None = None,
-    window: int = 32,
-    kernel: int = 7,
+    window: int = DEFAULT_WINDOW,
+    kernel: int = DEFAULT_KERNEL,
     pooling: Literal["max", "avg"] = "max",
     ridge: float = DEFAULT_RIDGE,
     mass_iterations: int = DEFAULT_MASS_ITERATIONS,
@@ -89,10 +89,10 @@ def _completed_layer_budgets(
 
 
 def ragsnap_press(
-    budget: int | None = 512,
+    budget: int | None = DEFAULT_BUDGET,
     ratio: float | None = None,
-    window: int = 32,
-    kernel: int = 7,
+    window: int = DEFAULT_WINDOW,
+    kernel: int = DEFAULT_KERNEL,
     pooling: Literal["max", "avg"] = "max",
     max_word_tokens: int = 12,
     ridge: float = DEFAULT_RIDGE,
@@ -113,10 +113,10 @@ def ragsnap_press(
 
 
 def ragsnap_roles_press(
-    budget: int | None = 512,
+    budget: int | None = DEFAULT_BUDGET,
     ratio: float | None = None,
-    window: int = 32,
-    kernel: int = 7,
+    window: int = DEFAULT_WINDOW,
+    kernel: int = DEFAULT_KERNEL,
     pooling: Literal["max", "avg"] = "max",
     max_word_tokens: int = 12,
     ridge: float = DEFAULT_RIDGE,

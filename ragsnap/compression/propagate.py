@@ -25,7 +25,14 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from ragsnap.compression.base import CompressedLayer, LayerContext, Press, WrapperPress
+from ragsnap.compression.base import (
+    DEFAULT_KERNEL,
+    DEFAULT_WINDOW,
+    CompressedLayer,
+    LayerContext,
+    Press,
+    WrapperPress,
+)
 from ragsnap.errors import ConfigError
 
 # without a calibrated entry: s = round(0.4 L) (clamped to 1..L-1), p = 0.3
@@ -139,13 +146,13 @@ def without_propagation(press: Press) -> Press:
 
 def voting_parameters(press: Press) -> tuple[int, int, str]:
     """``(window, kernel, pooling)`` of the SnapKV scores in ``press``'s chain (SnapKV's
-    defaults, 32 / 7 / max, where a press has none)."""
+    defaults, :data:`DEFAULT_WINDOW` / :data:`DEFAULT_KERNEL` / max, where a press has none)."""
     current: Any = press
     while current is not None:
         if hasattr(current, "kernel") and hasattr(current, "pooling"):
             return int(current.window), int(current.kernel), str(current.pooling)
         current = getattr(current, "base", None)
-    return int(getattr(press, "window", 32) or 32), 7, "max"
+    return int(getattr(press, "window", DEFAULT_WINDOW) or DEFAULT_WINDOW), DEFAULT_KERNEL, "max"
 
 
 def budget_need(press: Press, length: int) -> int:

@@ -18,6 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from ragsnap.compression.base import (
+    DEFAULT_BUDGET,
+    DEFAULT_KERNEL,
+    DEFAULT_WINDOW,
     CompressedLayer,
     LayerContext,
     ScorerPress,
@@ -190,10 +193,10 @@ class RoleBudgetPress(WrapperPress):
 
 
 def roles_press(
-    budget: int | None = 512,
+    budget: int | None = DEFAULT_BUDGET,
     ratio: float | None = None,
-    window: int = 32,
-    kernel: int = 7,
+    window: int = DEFAULT_WINDOW,
+    kernel: int = DEFAULT_KERNEL,
     pooling: str = "max",
     value_share: float = 0.70,
     delim_share: float = 0.20,

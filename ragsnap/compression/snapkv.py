@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ragsnap.compression.base import LayerContext, ScorerPress
+from ragsnap.compression.base import DEFAULT_KERNEL, LayerContext, ScorerPress
 from ragsnap.errors import ConfigError
 
 
@@ -66,7 +66,7 @@ class SnapKVPress(ScorerPress):
     """
 
     name = "snapkv"
-    kernel: int = 7
+    kernel: int = DEFAULT_KERNEL
     pooling: Literal["max", "avg"] = "max"
 
     def __post_init__(self) -> None:

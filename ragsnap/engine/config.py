@@ -11,23 +11,30 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ragsnap.cache.tiers.cached_prefill import DEFAULT_HIT_MEMORY_BYTES, DEFAULT_PREFIX_MEMORY_BYTES
-from ragsnap.cache.tiers.documents import DEFAULT_RECOMPUTE_SHARE
 from ragsnap.citations.options import ABSTAIN_TEXT
-from ragsnap.compression import DEFAULT_PRESS
+from ragsnap.engine.press_settings import PressSettings
 from ragsnap.prompt.assembly import DEFAULT_DOCUMENT_ORDER, DocumentOrder
-from ragsnap.runtime.blend import DEFAULT_SELECTION
+from ragsnap.runtime.blend import DEFAULT_RECOMPUTE_SHARE, DEFAULT_SELECTION
 from ragsnap.runtime.drafts import DEFAULT_SPECULATE
 from ragsnap.runtime.generation import DEFAULT_MAX_NEW_TOKENS
 
 StorageDtype = Literal["auto", "float32", "bfloat16", "float16", "int8"]
 
+# the scheduler's defaults, read by the server's max_batch and step_tokens settings, the
+# worker and the scheduler (the settings say why these values)
+DEFAULT_MAX_BATCH = 8
+DEFAULT_STEP_TOKENS = 512
 
-class EngineConfig(BaseSettings):
-    """How an engine loads, caches and answers; keyword arguments win over ``RAGSNAP_*``."""
+
+class EngineConfig(BaseSettings, PressSettings):
+    """How an engine loads, caches and answers; keyword arguments win over ``RAGSNAP_*``.
+
+    The press settings (``default_press``, ``budget``, ``window``...) are
+    :class:`~ragsnap.engine.press_settings.PressSettings`'s fields, declared there once."""
 
     model_config = SettingsConfigDict(env_prefix="RAGSNAP_", extra="forbid")
 
@@ -135,11 +142,6 @@ class EngineConfig(BaseSettings):
     )
 
     # -- what a request that says nothing gets -------------------------------------------
-    default_press: str = Field(
-        default=DEFAULT_PRESS,
-        description="press of the requests that name none; `ragsnap` drafts no answer tokens "
-        "before compressing (sooner first token, lower fidelity)",
-    )
     default_max_new_tokens: int = Field(
         default=DEFAULT_MAX_NEW_TOKENS, ge=1, le=1 << 20, description="longest answer, in tokens"
     )
@@ -149,11 +151,6 @@ class EngineConfig(BaseSettings):
         "given: as listed (the same document prefix for every question); stable: by "
         "relevance the first time a document set is seen, then as that first time (its "
         "prefix entry serves later questions)",
-    )
-    full_prefill: bool = Field(
-        default=False,
-        description="force the full prefill path: presses that propagate (query-aware "
-        "prefill) run without it",
     )
     unsupported: Literal["flag", "abstain"] = Field(
         default="flag",
@@ -166,15 +163,6 @@ class EngineConfig(BaseSettings):
         max_length=1_000,
         description="the answer that replaces one not grounded, with unsupported=abstain",
     )
-
-    @field_validator("default_press")
-    @classmethod
-    def _known_press(cls, value: str) -> str:
-        from ragsnap.compression import PRESSES
-
-        if value not in PRESSES:
-            raise ValueError(f"unknown press {value!r} (choose from: {', '.join(PRESSES)})")
-        return value
 
     @property
     def cache_secret(self) -> str:

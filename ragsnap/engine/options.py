@@ -23,6 +23,7 @@ from ragsnap.errors import ConfigError
 
 FLAG_NAMES = {
     "cache_url": "--cache",
+    "corpus_dir": "--corpus",
     "default_press": "--press",
     "default_max_new_tokens": "--max-new-tokens",
 }
@@ -40,7 +41,24 @@ CACHE_FIELDS = (
     "hit_memory_mb",
 )
 DECODE_FIELDS = ("speculate", "speculate_ngrams", "commit_lookahead")
-SERVED_FIELDS = ("default_press", "full_prefill", "document_order", "unsupported")
+# the press settings (PressSettings): the press, its size (one of two), its tuning
+PRESS_SIZE_FIELDS = ("budget", "ratio")
+PRESS_TUNING_FIELDS = (
+    "window",
+    "kernel",
+    "pooling",
+    "layer_profile",
+    "keep_instruction",
+    "lookup",
+    "lookahead",
+    "propagate_layer",
+    "propagate_share",
+    "full_prefill",
+    "decode_slack",
+    "decode_window",
+)
+PRESS_FIELDS = ("default_press", *PRESS_SIZE_FIELDS, *PRESS_TUNING_FIELDS)
+SERVED_FIELDS = (*PRESS_FIELDS, "document_order", "unsupported")
 
 
 def flag_of(name: str) -> str:
@@ -103,16 +121,24 @@ def add_config_options(
             elif kind in (int, float):
                 options["type"] = kind
         parser.add_argument(flag_of(name), **options)
+        parser.set_defaults(**{_GENERATED + name: True})
+
+
+# marks, in the parsed namespace, the press settings whose flags were generated here: a
+# command's own flag of the same name (``eval --budget 128,256``) is not the setting
+_GENERATED = "_generated_flag_"
 
 
 def given_fields(
     args: argparse.Namespace, config: type[BaseSettings] = EngineConfig
 ) -> dict[str, Any]:
-    """The fields of ``config`` that ``args`` gives a value (flags left out are None)."""
+    """The fields of ``config`` that ``args`` gives a value (flags left out are None; a
+    press setting only through its generated flag)."""
     return {
         name: getattr(args, name)
         for name in config.model_fields
         if getattr(args, name, None) is not None
+        and (name not in PRESS_FIELDS or getattr(args, _GENERATED + name, False))
     }
 
 

@@ -253,29 +253,30 @@ class ChatRagSnap(BaseChatModel):
     # -- event sources ---------------------------------------------------------------
 
     def _options(self, parsed: ParsedChat, stop: tuple[str, ...]) -> Any:
-        """The engine's default options (its config) with what this model sets."""
-        from ragsnap.citations.options import CitationOptions
-        from ragsnap.compression import make_press
-        from ragsnap.runtime.generation import GenerationConfig
+        """The engine's options for what this model sets (the rest from the engine's config,
+        resolved as every entrance resolves it)."""
+        from pydantic import ValidationError
 
-        config = self.engine.config
-        options = dict(self.compression)
-        name = options.pop("press", None)
-        given: dict[str, Any] = {"chat": parsed.chat, "kept_tokens": self.kept_tokens}
-        if name or options:
-            given["press"] = make_press(name or config.default_press, **options)
-        given["generation"] = GenerationConfig(
-            max_new_tokens=self.max_new_tokens or config.default_max_new_tokens,
-            temperature=self.temperature,
-            stop=stop,
+        from ragsnap.engine.press_settings import PressOverrides
+
+        try:  # the API's compression fields, with their bounds
+            compression = PressOverrides.model_validate(self.compression)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            name = ".".join(["compression", *map(str, first["loc"])])
+            raise InputError(f"{name}: {first['msg']}", field=name) from None
+        return self.engine.default_options(
+            compression=compression,
+            generation={
+                "max_new_tokens": self.max_new_tokens,
+                "temperature": self.temperature,
+                "stop": stop,
+            },
+            citations={"unsupported": self.unsupported},
+            document_order=self.document_order,
+            chat=parsed.chat,
+            kept_tokens=self.kept_tokens,
         )
-        if self.document_order is not None:
-            given["document_order"] = self.document_order
-        if self.unsupported is not None:
-            given["citations"] = CitationOptions(
-                unsupported=self.unsupported, abstain_text=config.abstain_text
-            )
-        return self.engine.default_options(**given)
 
     def _local_events(
         self,
