@@ -82,14 +82,16 @@ weights = st.floats(-6.0, 6.0, allow_nan=False)
         plain_only=st.booleans(),
         rescue_lift=st.floats(-1.0, 1.0),
         require_key=st.booleans(),
+        question_floor=st.none() | st.floats(-1.0, 1.0),
     ),
+    asked=st.none() | st.floats(-3.0, 3.0),
     lift=st.none() | st.floats(-3.0, 3.0),
     kind=st.sampled_from([0.0, 1.0]),
     coverage=st.floats(0.0, 1.0),
     abstain=st.booleans(),
 )
 def test_no_answer_whose_every_sentence_is_unsupported_is_grounded(
-    picks, cited, rule, lift, kind, coverage, abstain
+    picks, cited, rule, asked, lift, kind, coverage, abstain
 ):
     answer = " ".join(picks)
     sentences = split_sentences(answer)
@@ -101,7 +103,7 @@ def test_no_answer_whose_every_sentence_is_unsupported_is_grounded(
     ]
     key = key_sentence(answer, "Who invented the telephone?")
     plain = key is None or plain_missing(key, citations)
-    evidence = KeyEvidence(key, lift, plain, coverage, kind=kind)
+    evidence = KeyEvidence(key, lift, plain, coverage, asked, kind)
     options = CitationOptions(unsupported="abstain" if abstain else "flag")
     judged = judge(_done(answer, citations), options, evidence, rule)
     assert grounding(answer, citations).score == 0.0
@@ -285,3 +287,29 @@ def test_every_route_reports_the_answer_s_missing_words(tmp_path, capsys, monkey
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert 'the answer names what no document mentions: "Bell", "1876"' in out
+
+
+def test_quotes_that_do_not_make_the_question_likelier_do_not_ground_it(monkeypatch):
+    from tests.test_likelihood_lift import counted_passes
+    from tests.tiny_models import tiny_engine
+
+    answer = "The Stone is in the British Museum."
+    span = (0, len(answer))
+    quote = Quote(ROSETTA.text, 0, len(ROSETTA.text), 1.0)
+    cited = [Citation(1, "rosetta", ROSETTA.title, supported=True, spans=(span,), quotes=(quote,))]
+    key = Sentence(answer, *span)
+    floor = LiftRule(0.0, 0.0, 0.0, 9.0, 1.0, question_floor=-0.1)
+    assert floor.asks_question
+    for asked, grounded in ((-0.5, False), (-0.05, True), (None, True)):
+        evidence = KeyEvidence(key, 0.5, question_lift=asked)
+        judged = judge(_done(answer, cited), CitationOptions(), evidence, floor)
+        assert judged.grounded is grounded, asked
+    # the engine measures the question's lift whenever the answer may be grounded
+    engine = tiny_engine("llama", seed=4)
+    calls = counted_passes(engine, monkeypatch)
+    engine.citing.lift_rule = LiftRule(0.0, 0.0, 0.0, 9.0, 1.0)
+    found = engine.citing.key_evidence("Where is it?", answer, cited, [ROSETTA])
+    assert calls == [] and found.question_lift == 0.0  # decided without a pass
+    engine.citing.lift_rule = floor
+    found = engine.citing.key_evidence("Where is it?", answer, cited, [ROSETTA])
+    assert calls == [2] and found.question_lift is not None

@@ -53,7 +53,9 @@ class LiftRule:
     :func:`ragsnap.citations.verdict.consistent`): when no sentence of the answer is
     supported (with ``require_key``: when its key sentence is not), only a paraphrase
     may be grounded, a key sentence whose missing claims are plain words and whose lift
-    reaches ``rescue_lift``."""
+    reaches ``rescue_lift``; with ``question_floor`` an answer whose key sentence's quotes
+    make the question less likely than that (``Q`` below it: quotes about something
+    else, the model's judgement) is not grounded."""
 
     lexical: float
     answer: float
@@ -68,10 +70,12 @@ class LiftRule:
     named_gate: bool = False
     rescue_lift: float = 0.0
     require_key: bool = False
+    question_floor: float | None = None
 
     def __post_init__(self) -> None:
         values = [self.lexical, self.answer, self.lift, self.bias, self.coverage]
         values += [self.question, self.kind, self.rescue_lift]
+        values += [self.question_floor] if self.question_floor is not None else []
         if not all(math.isfinite(v) for v in (*values, self.clip)) or self.clip <= 0:
             raise ConfigError("a lift rule needs finite weights and a positive clip", field="lift")
 
@@ -135,7 +139,7 @@ class LiftRule:
     @property
     def asks_question(self) -> bool:
         """Whether the rule reads the question's lift (its rows join the pass)."""
-        return self.question != 0.0
+        return self.question != 0.0 or self.question_floor is not None
 
 
 @dataclass(frozen=True)

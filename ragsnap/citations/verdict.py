@@ -6,7 +6,9 @@ never contradicts its own evidence (issue 53, :func:`consistent`): an answer nam
 number, date or name no document mentions is not grounded, and neither is one none of
 whose sentences its quotes support, unless the likelihood shows its key sentence to be
 a paraphrase of them (plain words only missing, lift at least the rule's
-``rescue_lift``); a sentence so rescued leaves ``unsupported``.
+``rescue_lift``); a sentence so rescued leaves ``unsupported``. With the rule's
+``question_floor``, quotes that do not make the question likelier to the model (about
+something else than what was asked) do not ground the answer either.
 """
 
 from __future__ import annotations
@@ -99,10 +101,11 @@ def consistent(
     rule: LiftRule | None = None,
 ) -> Verdict:
     """``verdict`` held to its evidence: not grounded (score 0.0) when ``evidence`` lists
-    words of the answer no document mentions, or when the lexical ``share`` is 0 (no
-    sentence supported; with the rule's ``require_key``: the key sentence unsupported)
-    and the key sentence is no paraphrase the lift rescues; a rescued key sentence is
-    taken off ``unsupported``."""
+    words of the answer no document mentions, when the question's lift given the key
+    sentence's quotes is below the rule's ``question_floor``, or when the lexical
+    ``share`` is 0 (no sentence supported; with the rule's ``require_key``: the key
+    sentence unsupported) and the key sentence is no paraphrase the lift rescues; a
+    rescued key sentence is taken off ``unsupported``."""
     if verdict.grounded is None:
         return verdict
     refused = replace(verdict, grounded=False, score=0.0)
@@ -110,6 +113,10 @@ def consistent(
         return refused
     if not verdict.grounded:
         return verdict
+    floor = rule.question_floor if rule is not None else None
+    asked = evidence.question_lift if evidence is not None else None
+    if floor is not None and asked is not None and asked < floor:
+        return refused
     key = evidence.key if evidence is not None else None
     span = (key.start, key.end) if key is not None else None
     unbacked = not share or (rule is not None and rule.require_key and span in verdict.unsupported)

@@ -180,10 +180,12 @@ class AnswerCiting:
             )
             # only a paraphrase may ground an answer no sentence of which is supported
             unbacked = not lexical.score or (rule.require_key and not known.key_supported)
+            floor = rule.question_floor is not None
             if invented or (unbacked and not found.plain):
                 settled = False
-            if settled is False or (settled is True and not unbacked):
-                return replace(found, lift=0.0, question_lift=0.0)
+            # a floor on the question's lift is read whenever the answer may be grounded
+            if settled is False or (settled is True and not unbacked and not floor):
+                return replace(found, lift=0.0, question_lift=None if floor else 0.0)
         ask = not gate or (rule is not None and rule.asks_question)
         try:
             lift, asked = self.lifts(question, quotes, key.text, ask)

@@ -115,7 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, path in (("hotpotqa", args.hotpotqa), ("bioasq", args.bioasq)):
         if path:
             loaded = load_items(name, path, context_tokens=args.tokens, count_tokens=count)
-            pools[name] = [d for i in loaded.items for d in i.documents]
+            unique = {d.id: d for i in loaded.items for d in i.documents}  # padding repeats
+            pools[name] = list(unique.values())
     if not pools:
         parser.error("give at least one of --haystack, --hotpotqa, --bioasq")
     options = AnswerOptions(

@@ -1,0 +1,205 @@
+"""Choose how the verdict holds to its evidence (issue 53) on held-out rows.
+
+Reads the rows ``ragsnap.eval.grounding_eval --skip 50 --rows FILE`` writes and replays
+the engine's verdict on them (:func:`replay`: the named gate, the profile's logistic
+rule, then :func:`ragsnap.citations.verdict.consistent`) under each choice of
+
+- which of the answer's terms no document holds refuse it (``answer_missing`` per term
+  kind, :func:`ragsnap.citations.named.missing_terms`): none, names (numbers, dates,
+  names), names and sentence openers, those and the question's words;
+- what must be supported: nothing more (``off``), some sentence (``any``), the key
+  sentence (``key``);
+- the lift a plain paraphrase needs to be rescued (``rescue_lift``);
+- whether the answer's documents must be about the question's subject (``relation``):
+  no (``off``), the key sentence's cited documents must hold one of the question's
+  numbers and names when it has any (``key_docs``, the row's ``ent_docs``), or any cited
+  document must (``cited_docs``, ``ent_all``), or the key sentence's quotes must make
+  the question at least this much likelier to the model (``qlift:X``, the row's
+  ``question_lift``: the model's judgement that they are about what was asked; no key
+  sentence quoted, no judgement);
+
+with the profile's weights and its bias refitted for both floors
+(:func:`ragsnap.eval.grounding_calibrate.best_bias`). Positives are right answers to
+answerable items, negatives answers to unanswerable ones, as in ``grounding_calibrate``.
+
+``python -m ragsnap.eval.consistency_calibrate ROWS.json [ROWS.json ...]
+--profile PROFILE.json [--out PROFILE.json --ship TERMS,SUPPORT,RESCUE]`` prints the
+rates of every choice; ``--out`` writes the profile with the shipped choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ragsnap.citations.lift import LiftRule, SupportFeatures
+from ragsnap.eval.grounding_calibrate import best_bias
+
+TERM_CHOICES: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "name": ("name",),
+    "name_opening": ("name", "opening"),
+    "name_opening_asked": ("name", "opening", "asked"),
+}
+SUPPORT_CHOICES = ("off", "any", "key")
+RESCUE_CHOICES = (-math.inf, -0.25, 0.0, 0.1, 0.2, 0.3, 0.5, math.inf)
+RELATION_CHOICES = {"off": None, "key_docs": "ent_docs", "cited_docs": "ent_all"}
+RELATION_CHOICES |= {f"qlift:{x}": "question_lift" for x in (-0.3, -0.2, -0.1, 0.0, 0.1)}
+
+
+def labelled_rows(paths: Sequence[Path]) -> list[tuple[dict[str, Any], int]]:
+    """(row, 1 for a right answerable answer / 0 for an unanswerable one) per row with a
+    lexical score (answerable answers that are wrong are left out)."""
+    out = []
+    for path in paths:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        sets = [(r, 1) for r in data["answerable"] if r["correct"]]
+        sets += [(r, 0) for r in data["unanswerable"]]
+        out += [(r, y) for r, y in sets if r["lexical_score"] is not None]
+    return out
+
+
+def features(row: dict[str, Any]) -> SupportFeatures:
+    """The rule's features of a row (as ``grounding_calibrate.labelled`` reads them)."""
+    kind = row.get("kind", 1.0)
+    return SupportFeatures(
+        row["lexical_score"],
+        1.0 if row["key_supported"] else 0.0,
+        row["lift"],
+        1.0 if row.get("plain", True) else 0.0,
+        float(row.get("coverage", 1.0)),
+        row.get("question_lift"),
+        1.0 if kind in (None, True) else float(kind),
+        float(row.get("named", 1.0)),
+    )
+
+
+def refused(
+    row: dict[str, Any], terms: Sequence[str], support: str, rescue: float, relation: str = "off"
+) -> bool:
+    """Whether the consistency gates refuse ``row`` whatever the rule's bias: a term of
+    ``terms`` no document holds, documents about something else (``relation``), or
+    (``support``) no supported sentence / an unsupported key sentence that is no plain
+    paraphrase with a lift of at least ``rescue``."""
+    missing = row.get("answer_missing", {})
+    if any(missing.get(kind) for kind in terms):
+        return True
+    field = RELATION_CHOICES[relation]
+    if field == "question_lift":
+        lift = row.get("question_lift")
+        if lift is not None and lift < float(relation.split(":")[1]):
+            return True
+    elif field is not None and row.get(field, 1.0) == 0.0:
+        return True
+    unbacked = (support != "off" and not row["lexical_score"]) or (
+        support == "key" and not row["key_supported"]
+    )
+    if not unbacked:
+        return False
+    lift = row["lift"]
+    return not (row["has_key"] and row.get("plain", True) and lift is not None and lift >= rescue)
+
+
+def replay(rule: LiftRule, row: dict[str, Any], *choice: Any) -> bool:
+    """The engine's verdict on ``row`` (True: grounded) under the ``choice`` given
+    (:func:`refused`'s arguments after the row)."""
+    f = features(row)
+    if rule.gated(f.named) or refused(row, *choice):
+        return False
+    return rule.probability(f) >= 0.5
+
+
+def rates(rule: LiftRule, data: Sequence[tuple[dict[str, Any], int]], *choice: Any) -> dict:
+    """Right answers grounded and unanswerable ones not grounded under ``choice``."""
+    pos = [replay(rule, r, *choice) for r, y in data if y == 1]
+    neg = [not replay(rule, r, *choice) for r, y in data if y == 0]
+    return {
+        "right_grounded": round(sum(pos) / max(len(pos), 1), 4),
+        "unanswerable_not_grounded": round(sum(neg) / max(len(neg), 1), 4),
+    }
+
+
+def rebias(
+    rule: LiftRule,
+    data: Sequence[tuple[dict[str, Any], int]],
+    choice: tuple[Any, ...],
+    right_grounded: float,
+    unanswerable: float,
+) -> LiftRule:
+    """``rule`` with the bias that meets both floors best once the gates of ``choice``
+    refuse what they refuse (those rows count as not grounded)."""
+    base = replace(rule, bias=0.0)
+    z = [
+        None if base.gated(features(r).named) or refused(r, *choice) else base.logit(features(r))
+        for r, _ in data
+    ]
+    pairs = [(features(r), y) for r, y in data]
+    return replace(rule, bias=best_bias(z, pairs, right_grounded, unanswerable))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rows", nargs="+", type=Path)
+    parser.add_argument("--profile", type=Path, required=True, help="the profile to start from")
+    parser.add_argument("--right-grounded", type=float, default=0.9)
+    parser.add_argument("--unanswerable", type=float, default=0.9)
+    parser.add_argument("--ship", help="TERMS,SUPPORT,RESCUE,RELATION (name_opening,any,0,off)")
+    parser.add_argument("--out", type=Path, help="write the profile with --ship here")
+    args = parser.parse_args(argv)
+    profile = json.loads(args.profile.read_text(encoding="utf-8"))
+    rule = LiftRule(**profile["rule"])
+    data = labelled_rows(args.rows)
+    report: dict[str, Any] = {
+        "n_positive": sum(y for _, y in data),
+        "n_negative": sum(1 - y for _, y in data),
+        "shipped_profile": rates(rule, data, (), "off", math.inf),
+        "choices": [],
+    }
+    grid = [
+        (terms, support, rescue, relation)
+        for terms in TERM_CHOICES
+        for support in SUPPORT_CHOICES
+        for rescue in (RESCUE_CHOICES if support != "off" else (math.inf,))
+        for relation in RELATION_CHOICES
+    ]
+    for terms, support, rescue, relation in grid:
+        choice = (TERM_CHOICES[terms], support, rescue, relation)
+        fitted = rebias(rule, data, choice, args.right_grounded, args.unanswerable)
+        report["choices"].append(
+            {
+                "terms": terms,
+                "support": support,
+                "rescue_lift": rescue,
+                "relation": relation,
+                "profile_bias": rates(rule, data, *choice),
+                "bias": round(fitted.bias, 4),
+                "refit_bias": rates(fitted, data, *choice),
+            }
+        )
+    print(json.dumps(report, indent=1))
+    if args.out and args.ship:
+        terms, support, rescue, relation = args.ship.split(",")
+        choice = (TERM_CHOICES[terms], support, float(rescue), relation)
+        fitted = rebias(rule, data, choice, args.right_grounded, args.unanswerable)
+        fitted = replace(fitted, rescue_lift=float(rescue), require_key=support == "key")
+        profile["rule"] = {
+            k: (round(v, 6) if isinstance(v, float) else v) for k, v in vars(fitted).items()
+        }
+        profile["consistency"] = {
+            "answer_terms": list(TERM_CHOICES[terms]),
+            "support": support,
+            "relation": relation,
+            "calibrated_on": [p.name for p in args.rows],
+            "held_out": rates(fitted, data, *choice),
+        }
+        args.out.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
