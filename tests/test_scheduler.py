@@ -446,6 +446,59 @@ def test_a_short_prompt_goes_first_behind_a_long_one_and_the_long_one_still_ends
     assert [r.done.answer for r in everyone] == [r.done.answer for r in serial]
 
 
+def test_a_prompt_that_goes_first_starts_beside_the_long_one_not_inside_it(
+    engine_tiny, monkeypatch
+) -> None:
+    """The scheduler only decides: a short prompt that overtakes a long one starts while the
+    long one's execution is suspended between two chunks (never from inside it), and each
+    execution's chunks are taken one per scheduler step."""
+    press = make_press("snapkv", budget=24, window=8)
+    long = Collector(
+        words(1, 4),
+        [Document(id="l", title="t3", text=words(0, 600))],
+        AnswerOptions(press, GenerationConfig(4)),
+    )
+    short = Collector(
+        words(9, 4),
+        [Document(id="s", title="t3", text=words(9, 30))],
+        AnswerOptions(press, GenerationConfig(4)),
+    )
+    started: list = []
+    nested: list[bool] = []
+    joined: list[str] = []
+    for name, r in (("long", long), ("short", short)):
+        emit = r.emit
+
+        def recording(event, name=name, emit=emit) -> None:
+            if isinstance(event, MetaEvent):  # the row joins the batch: its prefill is done
+                joined.append(name)
+            emit(event)
+
+        r.emit = recording  # type: ignore[method-assign]
+    real = engine_tiny.execute
+
+    def execute(planned, chunk=None):
+        nested.append(any(g.gi_running for g in started))
+        steps = real(planned, chunk)
+        started.append(steps)
+        return steps
+
+    monkeypatch.setattr(engine_tiny, "execute", execute)
+    scheduler = Scheduler(engine_tiny, max_batch=8, step_tokens=48, idle_chunk=32)
+    scheduler.submit(long)
+    scheduler.start()
+    deadline = time.monotonic() + 60
+    while not started:  # the long prompt is prefilling
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    scheduler.submit(short)
+    for r in (long, short):
+        assert r.closed.wait(120) and r.outcome == "ok"
+    scheduler.stop()
+    assert len(started) == 2 and nested == [False, False]
+    assert joined == ["short", "long"]  # it went first
+
+
 def test_admission_by_kv_memory_bounds_what_runs_and_refuses_what_never_fits(engine_tiny):
     from ragsnap.errors import KVMemoryError
 

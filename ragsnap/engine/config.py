@@ -76,8 +76,14 @@ class EngineConfig(BaseSettings, PressSettings):
     )
     storage_dtype: StorageDtype = Field(
         default="auto",
-        description="dtype of stored KV entries: auto (the model's), a smaller float, or int8 "
-        "(one float32 scale per head and token)",
+        description="dtype of stored compressed entries: auto (the model's), a smaller float, "
+        "or int8 (one float32 scale per head and token)",
+    )
+    prefix_storage_dtype: StorageDtype = Field(
+        default="int8",
+        description="dtype of stored document prefixes, the reuse material of new questions "
+        "(each document's piece points into one): int8 (a quarter of float32, one float32 "
+        "scale per head and token), a float, or auto (the model's)",
     )
     prefix_cache: bool = Field(
         default=True,

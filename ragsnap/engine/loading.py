@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ragsnap.cache.backends.store import KVStore
 from ragsnap.cache.serialization import parse_dtype
 from ragsnap.cache.tiers.cached_prefill import CachedPrefill
@@ -62,14 +64,17 @@ def tiers_for(
     """The cache tiers ``config`` asks for on ``store`` (None: no store, or a disabled one)."""
     if store is None or not store.enabled:
         return None
-    dtype = None if config.storage_dtype == "auto" else parse_dtype(config.storage_dtype)
+    def dtype(name: str) -> torch.dtype | None:
+        return None if name == "auto" else parse_dtype(name)
+
     return CachedPrefill(
         runtime.loaded,
         store,
         runtime.cache_from,
         prefix_cache=config.prefix_cache,
         prefix_store=config.prefix_store,
-        storage_dtype=dtype,
+        storage_dtype=dtype(config.storage_dtype),
+        prefix_dtype=dtype(config.prefix_storage_dtype),
         document_cache=config.document_cache,
         blend_reason=runtime.blend_support(),
         prefix_memory_bytes=config.prefix_memory_mb << 20,

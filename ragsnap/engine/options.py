@@ -32,6 +32,7 @@ MODEL_FIELDS = ("model", "device", "dtype", "matmul_precision")
 CACHE_FIELDS = (
     "cache_url",
     "storage_dtype",
+    "prefix_storage_dtype",
     "prefix_cache",
     "prefix_store",
     "document_cache",

@@ -1,10 +1,12 @@
 """Continuous batching: many requests decoding together on one engine, in one thread.
 
-Each step admits work up to a token budget: one decode token for every running request,
-plus a chunk of one waiting prompt's prefill (``step_tokens`` minus the running rows, or
-``IDLE_CHUNK`` when none is running). The
-prefill runs through the engine's cache tiers (a hit skips straight to decode), and
-between its chunks the running rows take their next decode step, so streams keep flowing
+The scheduler decides; the engine computes. Each step takes work up to a token budget: one
+decode token for every running request, plus one chunk of a prompt's prefill
+(``step_tokens`` minus the running rows, or ``IDLE_CHUNK`` when none is running). A request
+is looked up in the cache tiers (:meth:`RagSnapEngine.lookup`: an exact hit joins the batch
+at once) and its plan executed by the engine (:meth:`RagSnapEngine.execute`), a generator
+that yields before each chunk: the scheduler advances it one chunk per step, the running
+rows decoding beside it (in the chunk's own pass where it allows), so streams keep flowing
 while a new prompt prefills. Prefix hits (a new question over documents whose KV is
 stored) are finished in shared passes (one for their tails, one per drafted token; the
 running rows wait for them): a prefix hit waits (the running rows decoding meanwhile) until
@@ -14,8 +16,8 @@ leaves at the next step; a new one joins at the next step.
 
 Shorter prompts first, with aging: between two chunks of a prefill, the requests that
 wait are looked up; hits join or park at once, and a miss whose prompt is at most half of
-what the running prefill has left prefills right there, before the long prompt's next
-chunk. So a small request behind a long prompt waits about one chunk, however long that
+what the running prefill has left starts above it: its chunks advance first, and the long
+prompt's next chunk waits for its row to join. So a small request behind a long prompt waits about one chunk, however long that
 prompt is. A prefill lets through at most as many tokens of other prompts as it has
 itself, so it still ends within about twice its own time; a miss too long to go first
 waits at the head of the queue, its lookup kept. ``max_batch=1`` is the serial behaviour: one
@@ -112,6 +114,22 @@ class _Running:
 
 
 @dataclass
+class _Prefill:
+    """A plan being executed: its request, its chunk steps (``pending``: the next one, taken
+    but not run yet), its chunk size and KV bytes, the tokens it has to go and those of
+    other prompts it may still let go first."""
+
+    request: Request
+    steps: Generator[ChunkStep, None, PreparedAnswer]
+    chunk: int
+    kv_bytes: int
+    left: int
+    let_by: int
+    pending: ChunkStep | None = None
+    started: bool = False
+
+
+@dataclass
 class StepStats:
     """What the last steps looked like (for metrics): rows per decode step and its seconds."""
 
@@ -166,7 +184,9 @@ class Scheduler:
         if kv_memory_bytes is not None and engine.tiers is not None:
             self.tier_memory_bytes = engine.tiers.fit_memory(int(kv_memory_bytes * TIER_SHARE))
         self.kv_bytes_per_token = engine.kv_bytes_per_token()
-        self._prefill_kv: list[int] = []  # KV bytes of the prompts prefilling now
+        # plans being executed, the last advancing: a long prompt's, and above it a short
+        # one that goes first (see the module docstring)
+        self._prefills: list[_Prefill] = []
         self.batch = engine.decode_batch()
         self.stats = StepStats()
         self._waiting: deque[Request] = deque()
@@ -182,7 +202,7 @@ class Scheduler:
         # set while no prompt is looked up or prefilled and none waits for it
         self._no_prefill = threading.Event()
         self._no_prefill.set()
-        self.prefilling: list[Request] = []  # being looked up, prefilled or finished
+        self._busy: list[Request] = []  # being looked up, or finished as prefix hits
         # prefix hits waiting for companions (see the module docstring), since when
         self._parked: list[tuple[Request, PendingAnswer]] = []
         self._parked_since = 0.0
@@ -242,6 +262,11 @@ class Scheduler:
             return list(self._waiting)
 
     @property
+    def prefilling(self) -> list[Request]:
+        """The requests being looked up, prefilled or finished as prefix hits."""
+        return [p.request for p in self._prefills] + self._busy
+
+    @property
     def running(self) -> int:
         return len(self._running) + len(self.prefilling) + len(self._parked)
 
@@ -285,6 +310,9 @@ class Scheduler:
 
         torch.set_num_threads(self.decode_threads)  # this thread's OpenMP team, see start()
         while not self._stopping:
+            if self._prefills:
+                self._advance()
+                continue
             request = self._next()
             if request is not None:
                 self._admit(request)
@@ -292,6 +320,10 @@ class Scheduler:
                 self._finish_parked()
             elif self._running:
                 self._decode_step()
+        for prefill in reversed(self._prefills):
+            prefill.steps.close()
+            prefill.request.close("cancelled")
+        self._prefills = []
         for running in list(self._running.values()):
             self._end(running, "cancelled", cancelled=True)
         for request, _ in self._parked:
@@ -302,7 +334,7 @@ class Scheduler:
         """Look ``request`` up in the store: an exact hit joins the batch at once; a prefix
         hit is parked to be finished with its companions; anything else prefills here (the
         prefix hits parked before it first), the running rows decoding between its chunks."""
-        self.prefilling = [request]
+        self._busy = [request]
         self._no_prefill.clear()
         try:
             found = self._admissible(request)
@@ -315,16 +347,15 @@ class Scheduler:
                 self._join(request, found)
             elif not isinstance(found, PendingAnswer):
                 self._finish_parked()  # a prefill takes seconds: they do not wait for it
-                self.prefilling = [request]
-                self._prefill(request, found)
+                self._start(request, found)
             else:
                 if not self._parked:
                     self._parked_since = time.perf_counter()
                 self._parked.append((request, found))
         finally:
-            self.prefilling = []
+            self._busy = []
             with self._changed:
-                if not self._waiting and not self._parked:
+                if not self._waiting and not self._parked and not self._prefills:
                     self._no_prefill.set()
 
     def _admissible(self, request: Request) -> PreparedAnswer | PlannedAnswer | None:
@@ -367,11 +398,11 @@ class Scheduler:
             return
         if self.stats.on_group is not None:
             self.stats.on_group(len(hits), time.perf_counter() - self._parked_since)
-        self.prefilling = [request for request, _ in hits]
+        outer, self._busy = self._busy, [*self._busy, *(request for request, _ in hits)]
         try:
             self._finish_prefix_hits(hits)
         finally:
-            self.prefilling = []
+            self._busy = outer
 
     def _finish_prefix_hits(self, hits: list[tuple[Request, PendingAnswer]]) -> None:
         try:
@@ -388,10 +419,9 @@ class Scheduler:
             else:
                 self._join(request, answer)
 
-    def _prefill(self, request: Request, planned: PlannedAnswer, *, first: bool = True) -> None:
-        """Execute ``planned`` (decoding the running rows between its chunks) and add its
-        row. ``first``: shorter waiting prompts may go first between its chunks (not when
-        this prefill is itself one of those)."""
+    def _start(self, request: Request, planned: PlannedAnswer) -> None:
+        """Begin executing ``planned``: from the next step on, its chunks advance one per
+        step, each beside a decode step of the running rows, until its row joins."""
         # the per-step token budget: one token per running row, the rest for the prefill chunk;
         # with no stream waiting on it, larger chunks (still cancellable between them)
         running = len(self._running)
@@ -400,57 +430,59 @@ class Scheduler:
             if running
             else max(self.idle_chunk, self.step_tokens)
         )
-        left = [planned.layout.num_tokens, planned.layout.num_tokens]  # to go, to let by
-        self._prefill_kv.append(self.kv_need(request, planned))
+        tokens = planned.layout.num_tokens
         steps = self.engine.execute(planned, chunk)
-        try:
-            with torch_threads(self.prefill_threads):
-                prepared = self._drive(request, steps, chunk, left if first else None)
-            if request.is_cancelled():
-                self._write_later(prepared)
-                raise Cancelled
-        except Cancelled:
-            request.close("cancelled")
-            return
-        except Exception as exc:
-            request.fail(exc)
-            return
-        finally:
-            steps.close()
-            self._prefill_kv.pop()
-        self._join(request, prepared)
+        self._prefills.append(
+            _Prefill(request, steps, chunk, self.kv_need(request, planned), tokens, tokens)
+        )
 
-    def _drive(
-        self,
-        request: Request,
-        steps: Generator[ChunkStep, None, PreparedAnswer],
-        chunk: int,
-        left: list[int] | None,
-    ) -> PreparedAnswer:
-        """Run a plan's ``steps`` to its prepared answer, one chunk at a time: the running
-        rows take a decode step beside each chunk (in its pass where the chunk allows,
-        :class:`ChunkFeed`, else before it), and between chunks the waiting requests that
-        may go first do (``left``: tokens to go and to let by; None: none may)."""
-        started = False
-        while True:
-            try:
-                step = next(steps)
-            except StopIteration as finished:
-                prepared: PreparedAnswer = finished.value
-                return prepared
+    def _advance(self) -> None:
+        """One step of the prefill on top: its next chunk, beside a decode step of the
+        running rows (in the chunk's pass where it allows, :class:`ChunkFeed`, else before
+        it); between two chunks of the first prefill, the waiting requests that may go
+        first start above it (:meth:`_shorter_first`). A prefill that ends joins the batch."""
+        top = self._prefills[-1]
+        request = top.request
+        try:
             if request.is_cancelled():
                 raise Cancelled
-            if started and left is not None:
-                left[0] -= chunk
-                self._shorter_first(left)
+            if top.pending is None:
+                with torch_threads(self.prefill_threads):
+                    top.pending = next(top.steps)  # computes the chunk before it
+                if top.started and len(self._prefills) == 1:
+                    top.left -= top.chunk
+                    self._shorter_first(top)
+                    if self._prefills[-1] is not top:
+                        return  # a shorter prompt goes first; this chunk waits for it
+            step, top.pending = top.pending, None
             if self._running and step.ridable:
                 feed = ChunkFeed(step.ids, step.cache, step.begin)
-                self._decode_step(feed)  # on the prefill's threads: the chunk is most of the work
+                with torch_threads(self.prefill_threads):  # the chunk is most of the work
+                    self._decode_step(feed)
                 step.done = feed.done
-            elif self._running and started:
+            elif self._running and top.started:
                 with torch_threads(self.decode_threads):
                     self._decode_step()
-            started = True
+            top.started = True
+            return
+        except StopIteration as finished:
+            prepared: PreparedAnswer = finished.value
+            self._prefills.pop()
+            if request.is_cancelled():
+                self._write_later(prepared)
+                request.close("cancelled")
+                return
+            self._join(request, prepared)
+            if self._prefills and self._running:  # its first token now, not after the
+                with torch_threads(self.decode_threads):  # long prompt's next chunk
+                    self._decode_step()
+            return
+        except Cancelled:
+            request.close("cancelled")
+        except Exception as exc:
+            request.fail(exc)
+        self._prefills.remove(top)
+        top.steps.close()
 
     # -- KV memory ------------------------------------------------------------------------
 
@@ -467,7 +499,7 @@ class Scheduler:
         """KV bytes held by the running rows, the parked prefix hits and the prefills."""
         rows = sum(running.kv_bytes for running in list(self._running.values()))
         parked = sum(self.kv_need(request, pending) for request, pending in list(self._parked))
-        return rows + parked + sum(self._prefill_kv)
+        return rows + parked + sum(p.kv_bytes for p in list(self._prefills))
 
     def prefix_hit_rows(self, tokens: int) -> int:
         """The most prefix hits of ``tokens`` tokens that may be finished together: the
@@ -524,12 +556,20 @@ class Scheduler:
             return None
         return self.kv_bytes_in_use() + need <= limit
 
-    def _shorter_first(self, left: list[int]) -> None:
-        """Between two chunks of a prefill with ``left = [tokens to go, tokens it may still
-        let by]``: admit the waiting requests, in order, that are hits, or misses of at most
-        half the tokens to go (see the module docstring); the others keep their places."""
+    @staticmethod
+    def _goes_first(found: PlannedAnswer, first: _Prefill) -> bool:
+        """Whether ``found`` may prefill before ``first``'s next chunk: at most half what
+        ``first`` has to go, and no more than it may still let by."""
+        tokens = found.layout.num_tokens
+        return 2 * tokens <= first.left and tokens <= first.let_by
+
+    def _shorter_first(self, first: _Prefill) -> None:
+        """Between two chunks of ``first``: admit the waiting requests, in order, that are
+        hits, or the first miss of at most half the tokens ``first`` has to go and of no
+        more than it may still let by (it starts above ``first``; see the module docstring);
+        the others keep their places."""
         if self._parked and self._gathered() <= 0:
-            self._finish_parked_now()
+            self._finish_parked()
         with self._changed:
             candidates, self._waiting = list(self._waiting), deque()
         kept: list[Request] = []
@@ -552,16 +592,9 @@ class Scheduler:
                 if not self._parked:
                     self._parked_since = time.perf_counter()
                 self._parked.append((request, found))
-            elif 2 * found.layout.num_tokens <= left[0] and found.layout.num_tokens <= left[1]:
-                left[1] -= found.layout.num_tokens
-                outer, self.prefilling = self.prefilling, [*self.prefilling, request]
-                try:
-                    self._prefill(request, found, first=False)
-                finally:
-                    self.prefilling = outer
-                if self._running:  # its first token now, not after the long prompt's next chunk
-                    with torch_threads(self.decode_threads):
-                        self._decode_step()
+            elif len(self._prefills) == 1 and self._goes_first(found, first):
+                first.let_by -= found.layout.num_tokens
+                self._start(request, found)
             else:  # too long to go first: it keeps its place, and its lookup
                 self._deferred[id(request)] = found
                 kept.append(request)
@@ -571,14 +604,6 @@ class Scheduler:
                     request.close("cancelled")
             else:
                 self._waiting.extendleft(reversed(kept))
-
-    def _finish_parked_now(self) -> None:
-        """:meth:`_finish_parked` in the middle of another request's prefill."""
-        outer = self.prefilling
-        try:
-            self._finish_parked()
-        finally:
-            self.prefilling = outer
 
     def _join(self, request: Request, prepared: PreparedAnswer) -> None:
         """Add ``prepared``'s row to the batch: it decodes from the next step on."""

@@ -72,6 +72,21 @@ DEFAULT_UNWRITTEN_BYTES = 256 << 20
 DEFAULT_HIT_MEMORY_BYTES = 256 << 20
 
 
+def _label(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def stored_bytes(layers: Layers, dtype: torch.dtype | None) -> int:
+    """The tensor bytes of ``layers`` stored in ``dtype`` (None: their own)."""
+    size = dtype.itemsize if dtype is not None else None
+    scales = 4 if dtype == torch.int8 else 0  # a float32 scale per vector
+    return sum(
+        (k.numel() + v.numel()) * (size or k.element_size())
+        + (k.numel() // k.shape[-1] + v.numel() // v.shape[-1]) * scales
+        for k, v in layers
+    )
+
+
 def _remember(seen: OrderedDict[EntryKey, None], key: EntryKey) -> None:
     """Record ``key`` as the most recent of ``seen`` (the oldest past ``SEEN_PREFIXES`` go)."""
     seen[key] = None
@@ -92,13 +107,15 @@ class CachedPrefill:
         prefix_cache: bool = True,
         prefix_store: str = "recurring",
         storage_dtype: torch.dtype | None = None,
+        prefix_dtype: torch.dtype | None = None,
         document_cache: bool = False,
         blend_reason: str | None = None,
         prefix_memory_bytes: int = DEFAULT_PREFIX_MEMORY_BYTES,
         unwritten_bytes: int = DEFAULT_UNWRITTEN_BYTES,
         hit_memory_bytes: int = DEFAULT_HIT_MEMORY_BYTES,
     ) -> None:
-        """``prefix_store``: when a computed document prefix is written to the store,
+        """``storage_dtype`` and ``prefix_dtype``: how compressed entries and document
+        prefixes are stored (None: the model's dtype). ``prefix_store``: when a computed document prefix is written to the store,
         ``recurring`` (once its document set recurs; the first time it stays in this
         process's prefix memory only) or ``always``. ``document_cache`` keeps each
         document's KV for prompts that combine them anew (unless ``blend_reason`` says why
@@ -117,6 +134,7 @@ class CachedPrefill:
         self.prefix_cache = prefix_cache
         self.prefix_store = prefix_store
         self.storage_dtype = storage_dtype
+        self.prefix_dtype = prefix_dtype
         self.memory = PrefixMemory(prefix_memory_bytes if prefix_cache else 0)
         self.unwritten = UnwrittenEntries(unwritten_bytes)
         self.hits = HitMemory(hit_memory_bytes)
@@ -170,9 +188,10 @@ class CachedPrefill:
         }
 
     def storage_label(self) -> str | None:
-        return (
-            None if self.storage_dtype is None else str(self.storage_dtype).removeprefix("torch.")
-        )
+        return _label(self.storage_dtype)
+
+    def prefix_label(self) -> str | None:
+        return _label(self.prefix_dtype)
 
     def entry_keys(
         self,
@@ -200,7 +219,7 @@ class CachedPrefill:
             template_version=layout.template_version,
             doc_hashes=doc_hashes,
             prefix_ids=layout.input_ids[: layout.prefix_len],
-            storage_dtype=self.storage_label(),
+            storage_dtype=self.prefix_label(),
         )
         return compressed, prefix
 
@@ -419,7 +438,7 @@ class CachedPrefill:
         """Leave ``prefix``'s entry for the store thread to write after the answer."""
         self.memory_only.pop(pkey, None)
         report.pending.append((pkey, self._prefix_payload(prefix, layout)))
-        report.bytes_written += self.stored_bytes(prefix)
+        report.bytes_written += stored_bytes(prefix, self.prefix_dtype)
 
     def _prefix_payload(self, prefix: Layers, layout: PromptLayout) -> Callable[[], bytes]:
         loaded = self.loaded
@@ -428,31 +447,18 @@ class CachedPrefill:
             prefix_len=layout.prefix_len,
             model_id=loaded.model_id,
             revision=loaded.revision,
-            storage_dtype=self.storage_dtype,
-        )
-
-    def stored_bytes(self, layers: Layers) -> int:
-        """The tensor bytes of ``layers`` in the storage dtype (what a prefix or document
-        entry holds)."""
-        size = self.storage_dtype.itemsize if self.storage_dtype is not None else None
-        scales = 4 if self.storage_dtype == torch.int8 else 0  # a float32 scale per vector
-        return sum(
-            (k.numel() + v.numel()) * (size or k.element_size())
-            + (k.numel() // k.shape[-1] + v.numel() // v.shape[-1]) * scales
-            for k, v in layers
+            storage_dtype=self.prefix_dtype,
         )
 
     def _as_stored(self, layers: Layers) -> Layers:
-        """``layers`` as a load from the store returns them (rounded to the storage dtype)."""
-        if self.storage_dtype is None:
+        """``layers`` as a load of a prefix entry returns them (rounded to its dtype)."""
+        dtype = self.prefix_dtype
+        if dtype is None:
             return layers
         with torch.inference_mode():
-            if self.storage_dtype == torch.int8:
+            if dtype == torch.int8:
                 return [(int8_kv.round_trip(k), int8_kv.round_trip(v)) for k, v in layers]
-            return [
-                (k.to(self.storage_dtype).to(k.dtype), v.to(self.storage_dtype).to(v.dtype))
-                for k, v in layers
-            ]
+            return [(k.to(dtype).to(k.dtype), v.to(dtype).to(v.dtype)) for k, v in layers]
 
     def _load_prefix(
         self, key: EntryKey, layout: PromptLayout, report: CacheReport
