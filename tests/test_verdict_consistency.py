@@ -7,6 +7,7 @@ Constructed cases and a tiny random model; no data file is read."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -125,23 +126,31 @@ def test_the_shipped_profile_no_longer_grounds_an_answer_no_quote_supports():
     answer = "The invention of the telephone is credited to Alexander Graham Bell in 1876."
     citations = [_failed(answer, 1, (0, len(answer)))]
     key = Sentence(answer, 0, len(answer))
-    # the issue's case: every feature but the share said yes (kind, coverage, a high lift)
-    evidence = KeyEvidence(key, 1.0, plain=False, coverage=1.0, kind=1.0)
+    # the issue's case: every feature but the share said yes (kind, coverage, a high
+    # lift); the names are in no document
+    invented = ("Graham", "Bell", "1876")
+    evidence = KeyEvidence(key, 1.0, False, 1.0, kind=1.0, answer_not_in_documents=invented)
     judged = judge(_done(answer, citations), CitationOptions(), evidence, rule)
-    assert judged.grounded is False and judged.unsupported_sentences == [[0, len(answer)]]
-    # consistent() alone: the rule's yes is overruled, a plain paraphrase is rescued
+    assert judged.grounded is False and judged.grounded_score == 0.0
+    assert judged.unsupported_sentences == [[0, len(answer)]]
+    # with what it says in the documents, only a lift reaching rescue_lift grounds it
     verdict = grounding(answer, citations)
     assert verdict.score == 0.0
-    rescued = consistent(
-        verdict.__class__(True, 0.8, verdict.unsupported),
-        verdict.score,
-        KeyEvidence(key, rule.rescue_lift, plain=True),
-        rule,
-    )
-    assert rescued.grounded is True and rescued.unsupported == ()
-    low = KeyEvidence(key, rule.rescue_lift - 0.01, plain=True)
-    refused = consistent(verdict.__class__(True, 0.8, verdict.unsupported), 0.0, low, rule)
-    assert refused.grounded is False and refused.score == 0.0
+    for lift, grounded in (
+        (rule.rescue_lift, True),
+        (rule.rescue_lift - 0.01, False),
+        (None, False),
+    ):
+        evidence = KeyEvidence(key, lift, False, 1.0, kind=1.0)
+        out = consistent(replace(verdict, grounded=True, score=0.8), 0.0, evidence, rule)
+        assert out.grounded is grounded and out.unsupported == (
+            () if grounded else verdict.unsupported
+        )
+        assert grounded or out.score == 0.0
+    # a rule that rescues plain words only keeps a missing name unsupported
+    plain = replace(rule, rescue_plain=True)
+    evidence = KeyEvidence(key, 1.0, False, 1.0, kind=1.0)
+    assert not consistent(replace(verdict, grounded=True, score=0.8), 0.0, evidence, plain).grounded
 
 
 def test_an_answer_naming_what_no_document_mentions_is_not_grounded_and_says_which_words():

@@ -52,8 +52,9 @@ class LiftRule:
     The verdict also holds to its evidence (issue 53,
     :func:`ragsnap.citations.verdict.consistent`): when no sentence of the answer is
     supported (with ``require_key``: when its key sentence is not), only a paraphrase
-    may be grounded, a key sentence whose missing claims are plain words and whose lift
-    reaches ``rescue_lift``; with ``question_floor`` an answer whose key sentence's quotes
+    may be grounded, a key sentence whose lift reaches ``rescue_lift`` and, with
+    ``rescue_plain``, whose missing claims are plain words only (else any claim some
+    document holds: the answer gate has refused the rest); with ``question_floor`` an answer whose key sentence's quotes
     make the question less likely than that (``Q`` below it: quotes about something
     else, the model's judgement) is not grounded."""
 
@@ -69,6 +70,7 @@ class LiftRule:
     kind_lowers_lift: bool = False
     named_gate: bool = False
     rescue_lift: float = 0.0
+    rescue_plain: bool = True
     require_key: bool = False
     question_floor: float | None = None
 

@@ -21,7 +21,9 @@ the model's own knowledge over documents that never mention it ("Alexander Graha
 the answer's numbers, dates and names, a capitalized word opening one of its sentences
 ("Paris is ...") and the words it shares with the question (the subject it restates:
 "telephone"); plain words of its own are left to the support check, since a paraphrase
-may choose them. Any such term in no document makes the answer not grounded
+may choose them. A name the model garbles from a document's (:func:`garbled`: "Pembrol"
+for "pembrolizumab", "BIM338" for "BYM338") is no new content and counts as found. Any
+other such term in no document makes the answer not grounded
 (:func:`ragsnap.citations.verdict.judge`), and every route reports them.
 """
 
@@ -105,23 +107,73 @@ def answer_terms(answer: str, question: str = "") -> list[tuple[str, Claim]]:
     return out
 
 
+# a garbled name: at least this long, same first letter, same digits (issue 53)
+_GARBLED_MIN = 6
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by at most one substitution, insertion or deletion."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    return a[i + (len(a) == len(b)) :] == b[i + 1 :]
+
+
+def garbled(word: str, vocabulary: Iterable[str]) -> bool:
+    """Whether ``word`` (letters and digits, at least six characters) is a document word of
+    ``vocabulary`` (lower case) cut short or one edit away, with the same first letter
+    and the same digits: the model garbling a name it read, not naming a new one."""
+    w = word.lower()
+    digits = [c for c in w if c.isdigit()]
+    if len(w) < _GARBLED_MIN or not any(c.isalpha() for c in w):
+        return False
+    for v in vocabulary:
+        if not v or v[0] != w[0] or [c for c in v if c.isdigit()] != digits:
+            continue
+        if (len(v) > len(w) and v.startswith(w)) or _one_edit(w, v):
+            return True
+    return False
+
+
+def document_words(documents: Iterable[Document]) -> set[str]:
+    """The whitespace-delimited words of the titles and texts, lower case, without the
+    punctuation at their edges."""
+    out: set[str] = set()
+    for document in documents:
+        for text in (document.title, document.text):
+            out |= {w.strip(_EDGES).lower() for w in text.split()}
+    return out
+
+
 def missing_terms(
     answer: str, documents: Iterable[Document], question: str = ""
 ) -> dict[str, list[str]]:
     """Per term kind, the words of ``answer`` holding a term (:func:`answer_terms`) that
-    no title or text of ``documents`` holds, as the answer writes them, without repeats."""
+    no title or text of ``documents`` holds, as the answer writes them, without repeats
+    (a name :func:`garbled` from a document's word is found)."""
     terms = answer_terms(answer, question)
     wanted = {c.key for _, c in terms}
     held: set[str] = set()
+    documents = list(documents)
     for document in documents:  # read until every key is found (the usual case)
         if held == wanted:
             break
         held |= (claim_keys(document.title) | claim_keys(document.text)) & wanted
     out: dict[str, list[str]] = {kind: [] for kind in TERM_KINDS}
+    vocabulary: set[str] | None = None
     for kind, claim in terms:
         word = _word_at(answer, claim.start, claim.end)
-        if claim.key not in held and word not in out[kind]:
-            out[kind].append(word)
+        if claim.key in held or word in out[kind]:
+            continue
+        if kind == "name":  # the words only when a name is missing
+            vocabulary = document_words(documents) if vocabulary is None else vocabulary
+            if garbled(word, vocabulary):
+                continue
+        out[kind].append(word)
     return out
 
 

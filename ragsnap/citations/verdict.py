@@ -5,8 +5,8 @@ Whatever decides it (the lexical share, or a calibrated likelihood rule), the ve
 never contradicts its own evidence (issue 53, :func:`consistent`): an answer naming a
 number, date or name no document mentions is not grounded, and neither is one none of
 whose sentences its quotes support, unless the likelihood shows its key sentence to be
-a paraphrase of them (plain words only missing, lift at least the rule's
-``rescue_lift``); a sentence so rescued leaves ``unsupported``. With the rule's
+a paraphrase of them (lift at least the rule's ``rescue_lift``; with ``rescue_plain``
+only plain words missing); a sentence so rescued leaves ``unsupported``. With the rule's
 ``question_floor``, quotes that do not make the question likelier to the model (about
 something else than what was asked) do not ground the answer either.
 """
@@ -124,7 +124,9 @@ def consistent(
         return verdict
     if rule is None or evidence is None or span not in verdict.unsupported:
         return refused
-    if not evidence.plain or evidence.lift is None or evidence.lift < rule.rescue_lift:
+    if rule.rescue_plain and not evidence.plain:
+        return refused
+    if evidence.lift is None or evidence.lift < rule.rescue_lift:
         return refused
     return replace(verdict, unsupported=tuple(s for s in verdict.unsupported if s != span))
 

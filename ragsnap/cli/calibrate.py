@@ -49,6 +49,14 @@ TOOLS = {
         "ragsnap.eval.grounding_calibrate",
         "fit the grounded verdict's rule on held-out rows; write the model's profile",
     ),
+    "grounding-consistency": (
+        "ragsnap.eval.consistency_calibrate",
+        "choose how the verdict holds to its evidence on held-out rows (issue 53)",
+    ),
+    "world-knowledge": (
+        "ragsnap.eval.world_knowledge",
+        "common-knowledge questions over documents without their answers: none grounded",
+    ),
     "citations": (
         "ragsnap.eval.citation_calibration",
         "fit how citation attribution's evidence combines, on held-out eval records",

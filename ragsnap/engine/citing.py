@@ -181,7 +181,7 @@ class AnswerCiting:
             # only a paraphrase may ground an answer no sentence of which is supported
             unbacked = not lexical.score or (rule.require_key and not known.key_supported)
             floor = rule.question_floor is not None
-            if invented or (unbacked and not found.plain):
+            if invented or (unbacked and rule.rescue_plain and not found.plain):
                 settled = False
             # a floor on the question's lift is read whenever the answer may be grounded
             if settled is False or (settled is True and not unbacked and not floor):

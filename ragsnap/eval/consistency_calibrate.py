@@ -8,7 +8,7 @@ rule, then :func:`ragsnap.citations.verdict.consistent`) under each choice of
   kind, :func:`ragsnap.citations.named.missing_terms`): none, names (numbers, dates,
   names), names and sentence openers, those and the question's words;
 - what must be supported: nothing more (``off``), some sentence (``any``), the key
-  sentence (``key``);
+  sentence (``key``), a rescue taking plain words only or (``_doc``) any claim;
 - the lift a plain paraphrase needs to be rescued (``rescue_lift``);
 - whether the answer's documents must be about the question's subject (``relation``):
   no (``off``), the key sentence's cited documents must hold one of the question's
@@ -37,8 +37,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ragsnap.citations.claims import claims
 from ragsnap.citations.lift import LiftRule, SupportFeatures
+from ragsnap.citations.named import document_words, garbled
+from ragsnap.citations.sentences import split_sentences
 from ragsnap.eval.grounding_calibrate import best_bias
+from ragsnap.prompt.documents import Document
 
 TERM_CHOICES: dict[str, tuple[str, ...]] = {
     "none": (),
@@ -46,10 +50,14 @@ TERM_CHOICES: dict[str, tuple[str, ...]] = {
     "name_opening": ("name", "opening"),
     "name_opening_asked": ("name", "opening", "asked"),
 }
-SUPPORT_CHOICES = ("off", "any", "key")
+# what must be supported; "_doc": the rescue takes any claim a document holds, not only
+# plain words (``LiftRule.rescue_plain`` off)
+SUPPORT_CHOICES = ("off", "any", "key", "any_doc", "key_doc")
 RESCUE_CHOICES = (-math.inf, -0.25, 0.0, 0.1, 0.2, 0.3, 0.5, math.inf)
 RELATION_CHOICES = {"off": None, "key_docs": "ent_docs", "cited_docs": "ent_all"}
-RELATION_CHOICES |= {f"qlift:{x}": "question_lift" for x in (-0.3, -0.2, -0.1, 0.0, 0.1)}
+RELATION_CHOICES |= {
+    f"qlift:{x}": "question_lift" for x in (-0.5, -0.4, -0.3, -0.2, -0.1, 0.0, 0.1)
+}
 
 
 def labelled_rows(paths: Sequence[Path]) -> list[tuple[dict[str, Any], int]]:
@@ -87,7 +95,7 @@ def refused(
     (``support``) no supported sentence / an unsupported key sentence that is no plain
     paraphrase with a lift of at least ``rescue``."""
     missing = row.get("answer_missing", {})
-    if any(missing.get(kind) for kind in terms):
+    if any(missing.get(kind) and (kind != "name" or fresh_names(row)) for kind in terms):
         return True
     field = RELATION_CHOICES[relation]
     if field == "question_lift":
@@ -97,12 +105,22 @@ def refused(
     elif field is not None and row.get(field, 1.0) == 0.0:
         return True
     unbacked = (support != "off" and not row["lexical_score"]) or (
-        support == "key" and not row["key_supported"]
+        support.startswith("key") and not row["key_supported"]
     )
     if not unbacked:
         return False
     lift = row["lift"]
-    return not (row["has_key"] and row.get("plain", True) and lift is not None and lift >= rescue)
+    plain = support.endswith("_doc") or row.get("plain", True)
+    return not (row["has_key"] and plain and lift is not None and lift >= rescue)
+
+
+def fresh_names(row: dict[str, Any]) -> list[str]:
+    """The row's missing names that are not garbled from a word of its cited documents
+    (rows recorded before :func:`ragsnap.citations.named.garbled` existed; the other
+    documents are not recorded, so this may keep a name another document holds)."""
+    docs = [Document(id=k, title=d["title"], text=d["text"]) for k, d in row["documents"].items()]
+    vocabulary = document_words(docs)
+    return [w for w in row["answer_missing"]["name"] if not garbled(w, vocabulary)]
 
 
 def replay(rule: LiftRule, row: dict[str, Any], *choice: Any) -> bool:
@@ -142,6 +160,25 @@ def rebias(
     return replace(rule, bias=best_bias(z, pairs, right_grounded, unanswerable))
 
 
+def contradictions(paths: Sequence[Path]) -> dict[str, int]:
+    """Over every recorded row with the engine's verdict (``grounded``,
+    ``unsupported_sentences``): how many are grounded while every sentence of theirs that
+    asserts something is listed unsupported (the issue's invariant: none)."""
+    rows = checked = bad = 0
+    for path in paths:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for row in data["answerable"] + data["unanswerable"]:
+            rows += 1
+            if "unsupported_sentences" not in row:
+                continue
+            checked += 1
+            spoken = row["model_answer"]
+            spans = {(s.start, s.end) for s in split_sentences(spoken) if claims(s.text)}
+            listed = {tuple(span) for span in row["unsupported_sentences"]}
+            bad += bool(row["grounded"] and spans and spans <= listed)
+    return {"rows": rows, "checked": checked, "grounded_with_every_sentence_unsupported": bad}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", nargs="+", type=Path)
@@ -150,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--unanswerable", type=float, default=0.9)
     parser.add_argument("--ship", help="TERMS,SUPPORT,RESCUE,RELATION (name_opening,any,0,off)")
     parser.add_argument("--out", type=Path, help="write the profile with --ship here")
+    parser.add_argument("--keep-bias", action="store_true", help="ship the profile's bias")
     args = parser.parse_args(argv)
     profile = json.loads(args.profile.read_text(encoding="utf-8"))
     rule = LiftRule(**profile["rule"])
@@ -158,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "n_positive": sum(y for _, y in data),
         "n_negative": sum(1 - y for _, y in data),
         "shipped_profile": rates(rule, data, (), "off", math.inf),
+        "engine_verdict": contradictions(args.rows),
         "choices": [],
     }
     grid = [
@@ -167,9 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rescue in (RESCUE_CHOICES if support != "off" else (math.inf,))
         for relation in RELATION_CHOICES
     ]
+    floors = (args.right_grounded, args.unanswerable)
     for terms, support, rescue, relation in grid:
         choice = (TERM_CHOICES[terms], support, rescue, relation)
-        fitted = rebias(rule, data, choice, args.right_grounded, args.unanswerable)
+        fitted = rebias(rule, data, choice, *floors)
         report["choices"].append(
             {
                 "terms": terms,
@@ -185,17 +225,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out and args.ship:
         terms, support, rescue, relation = args.ship.split(",")
         choice = (TERM_CHOICES[terms], support, float(rescue), relation)
-        fitted = rebias(rule, data, choice, args.right_grounded, args.unanswerable)
-        fitted = replace(fitted, rescue_lift=float(rescue), require_key=support == "key")
+        fitted = rule if args.keep_bias else rebias(rule, data, choice, *floors)
+        floor = float(relation.split(":")[1]) if relation.startswith("qlift:") else None
+        fitted = replace(
+            fitted,
+            question_floor=floor,
+            rescue_lift=float(rescue),
+            rescue_plain=not support.endswith("_doc"),
+            require_key=support.startswith("key"),
+        )
         profile["rule"] = {
             k: (round(v, 6) if isinstance(v, float) else v) for k, v in vars(fitted).items()
         }
         profile["consistency"] = {
+            "shipped": args.ship,
             "answer_terms": list(TERM_CHOICES[terms]),
             "support": support,
             "relation": relation,
             "calibrated_on": [p.name for p in args.rows],
             "held_out": rates(fitted, data, *choice),
+            "held_out_per_file": {
+                p.name: rates(fitted, labelled_rows([p]), *choice) for p in args.rows
+            },
         }
         args.out.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")
     return 0

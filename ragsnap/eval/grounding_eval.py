@@ -268,6 +268,8 @@ def run_items(engine: Any, items: Sequence[EvalItem], budget: int, max_new_token
                 "says_no_answer": says_no_answer(done.answer),
                 "grounded": done.grounded,
                 "score": done.grounded_score,
+                "unsupported_sentences": done.unsupported_sentences,
+                "answer_not_in_documents": done.answer_not_in_documents,
                 "total_s": done.stats.total_s,
                 **check_features(engine, done, item.question, item.documents),
                 **raw_material(done, item.question, item.documents),
