@@ -322,3 +322,16 @@ def test_quotes_that_do_not_make_the_question_likelier_do_not_ground_it(monkeypa
     engine.citing.lift_rule = floor
     found = engine.citing.key_evidence("Where is it?", answer, cited, [ROSETTA])
     assert calls == [2] and found.question_lift is not None
+
+
+def test_a_name_garbled_from_a_document_s_is_found_a_new_one_is_not():
+    from ragsnap.citations.named import garbled
+
+    vocabulary = {"pembrolizumab", "bym338", "parts", "1867", "edison"}
+    assert garbled("Pembrol", vocabulary) and garbled("BIM338", vocabulary)
+    # short words, other digits, years and other first letters are new content
+    for word in ("Paris", "BIM339", "1876", "Madison", "Edisons2"):
+        assert not garbled(word, vocabulary), word
+    docs = [Document(id="k", text="KEYNOTE-522 tested pembrolizumab. Bimagrumab (BYM338).")]
+    answer = "KEYNOTE-522 studied pembrolizumab (Pembrol). Bimagrumab is BIM338, not Avelumab."
+    assert answer_not_in_documents(answer, docs) == ["Avelumab"]
