@@ -9,6 +9,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 
+from ragsnap.api.openapi_limits import state_limits
+from ragsnap.runtime.generation import SEED_MAX, SEED_MIN
+
 
 class ErrorDetail(BaseModel):
     message: str
@@ -84,9 +87,34 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return out
 
 
+# FastAPI's schema model holds numeric bounds as floats: a signed 64-bit bound comes out as
+# +-2**63 written 9.223372036854776e+18, which a reader takes for 9223372036854776000. As
+# integers instead, exact: ``maximum`` stays 2**63 (what the schema has always said), with
+# ``exclusiveMaximum`` 2**63 stating the bound the server enforces (schemas.Int64)
+_INT64_BOUNDS = {
+    ("minimum", -(2.0**63)): SEED_MIN,
+    ("maximum", 2.0**63): SEED_MAX + 1,
+    ("exclusiveMaximum", 2.0**63): SEED_MAX + 1,
+}
+
+
+def _exact_bounds(node: Any) -> None:
+    """Write the 64-bit bounds of ``node`` (a schema, changed in place) as integers."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if isinstance(value, float) and (key, value) in _INT64_BOUNDS:
+                node[key] = _INT64_BOUNDS[key, value]
+            else:
+                _exact_bounds(value)
+    elif isinstance(node, list):
+        for item in node:
+            _exact_bounds(item)
+
+
 def install_openapi(app: FastAPI) -> None:
     """Build the schema once; drop FastAPI's automatic 422 (its body is not ours) from the
-    operations that never answer 422 (the OpenAI route answers bad input with 400)."""
+    operations that never answer 422 (the OpenAI route answers bad input with 400); state
+    the server's own limits (:func:`~ragsnap.api.openapi_limits.state_limits`)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -105,6 +133,10 @@ def install_openapi(app: FastAPI) -> None:
             components = schema.get("components", {}).get("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 components.pop(name, None)
+            settings = getattr(app.state, "settings", None)
+            if settings is not None:  # this server's limits (the app's own settings)
+                state_limits(schema, settings)
+            _exact_bounds(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -11,6 +11,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    WithJsonSchema,
     field_validator,
 )
 
@@ -33,6 +34,11 @@ def _no_surrogates(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_no_surrogates)]
+# a signed 64-bit integer; the exclusive bound says 2**63 is out for readers that take
+# 2**63-1 for the double 2**63 (api.openapi writes the bounds as exact integers)
+Int64 = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX, lt=SEED_MAX + 1)]
+# what the schema says of a text that must hold more than whitespace (checked by validators)
+NOT_BLANK = {"pattern": r"\S"}
 TEMPERATURE = (
     f"sampling temperature, 0 to {MAX_TEMPERATURE:g}; below {GREEDY_BELOW:g} decodes greedily"
 )
@@ -50,11 +56,13 @@ class DocumentIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: Text | Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = Field(
-        default=None, description="stable id, echoed in citations"
+    id: Text | Int64 | None = Field(
+        default=None,
+        description="stable id, echoed in citations",
+        json_schema_extra={"minLength": 1, "maxLength": _MAX_ID},  # a text id: _id_shape
     )
     title: Text = Field(default="", max_length=_MAX_TITLE)
-    text: Text = Field(min_length=1, max_length=_MAX_TEXT)
+    text: Text = Field(min_length=1, max_length=_MAX_TEXT, json_schema_extra=NOT_BLANK)
     format: Literal["json", "jsonl", "xml", "html", "markdown", "csv", "text"] | None = Field(
         default=None,
         description="how the text is structured (role-conditioned presses); omitted: detected",
@@ -98,7 +106,9 @@ class CitationsIn(BaseModel):
 class RetrievalFields(BaseModel):
     """Where the documents come from: given inline, or found by ``query`` in the corpus."""
 
-    documents: list[DocumentIn] | None = Field(default=None, max_length=10_000)
+    documents: list[DocumentIn] | None = Field(
+        default=None, max_length=10_000, json_schema_extra={"minItems": 1}
+    )
     query: Text | None = Field(
         default=None, min_length=1, max_length=4_000, description="search the corpus"
     )
@@ -125,15 +135,41 @@ class TurnIn(BaseModel):
     content: Text = Field(max_length=100_000)
 
 
-StopIn = str | list[str] | None
+# as GenerationConfig checks them: at most 4 strings of 1 to 256 characters
+_STOP = {"type": "string", "minLength": 1, "maxLength": 256}
+StopIn = Annotated[
+    str | list[str] | None,
+    WithJsonSchema(
+        {"anyOf": [_STOP, {"type": "array", "items": _STOP, "maxItems": 4}, {"type": "null"}]}
+    ),
+]
+
+
+# documents and a corpus query exclude each other (the server answers 422 to both)
+NOT_BOTH = {
+    "not": {
+        "required": ["documents", "query"],
+        "properties": {"documents": {"type": "array"}, "query": {"type": "string"}},
+    }
+}
 
 
 class AnswerRequest(RetrievalFields):
     """``POST /v1/answer``. ``instructions`` and ``history`` (a chat's own instructions and
     earlier turns) go into the prompt before the question; ``stop`` cuts the answer;
-    ``citations`` chooses how the answer is attributed to documents."""
+    ``citations`` chooses how the answer is attributed to documents. ``documents`` or
+    ``query``: exactly one."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["documents"], "properties": {"documents": {"type": "array"}}},
+                {"required": ["query"], "properties": {"query": {"type": "string"}}},
+            ],
+            **NOT_BOTH,
+        },
+    )
 
     instructions: Text | None = Field(default=None, max_length=100_000)
     history: list[TurnIn] | None = Field(default=None, max_length=256)
@@ -144,13 +180,13 @@ class AnswerRequest(RetrievalFields):
         description=UNSUPPORTED,
     )
 
-    question: Text = Field(min_length=1, max_length=1_000_000)
+    question: Text = Field(min_length=1, max_length=1_000_000, json_schema_extra=NOT_BLANK)
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float = Field(
         default=0.0, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False, description=TEMPERATURE
     )
     top_p: float = Field(default=1.0, gt=0, le=1, description=TOP_P)
-    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description=SEED)
+    seed: Int64 | None = Field(default=None, description=SEED)
     stream: bool = False
     kept_tokens: bool = Field(
         default=False,
@@ -249,8 +285,16 @@ class TextPart(BaseModel):
     text: Text = Field(max_length=_MAX_TEXT)
 
 
+def _no_tool_traffic(schema: dict[str, Any]) -> None:
+    """Tool messages and tool calls are refused (400): the schema offers none."""
+    properties = schema["properties"]
+    properties["role"]["enum"] = [r for r in properties["role"]["enum"] if r != "tool"]
+    for name in ("tool_calls", "function_call"):
+        properties[name] = {"enum": [None, False, 0, "", [], {}], "description": "not supported"}
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_no_tool_traffic)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = Field(default=None, max_length=_MAX_TEXT)
@@ -271,7 +315,7 @@ class ChatCompletionRequest(RetrievalFields):
     fields are kept in ``model_extra`` and refused unless they hold their "off" value
     (:func:`ragsnap.api.openai_serving.refuse_unsupported`)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=NOT_BOTH)
 
     model: Text = Field(min_length=1, max_length=256)
     messages: list[ChatMessage] = Field(min_length=1, max_length=256)
@@ -283,7 +327,7 @@ class ChatCompletionRequest(RetrievalFields):
         default=None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False, description=TEMPERATURE
     )
     top_p: float | None = Field(default=None, gt=0, le=1, description=TOP_P)
-    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX, description=SEED)
+    seed: Int64 | None = Field(default=None, description=SEED)
     n: int | None = Field(default=None, ge=1, le=1, description="one choice per request")
     stop: StopIn = None
     sources: bool = Field(default=False, description="append a Sources: list to the answer")

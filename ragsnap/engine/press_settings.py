@@ -74,6 +74,7 @@ class PressSettings(BaseModel):
         default=DEFAULT_KERNEL,
         ge=1,
         le=257,
+        json_schema_extra={"not": {"type": "integer", "multipleOf": 2}},  # odd
         description="pooling kernel of the votes along positions, odd (SnapKV-based presses)",
     )
     pooling: Literal["max", "avg"] = Field(
@@ -146,6 +147,13 @@ class PressSettings(BaseModel):
             data = {**data, "budget": None}
         return data
 
+    @field_validator("kernel")
+    @classmethod
+    def _odd_kernel(cls, value: int) -> int:
+        if value % 2 == 0:
+            raise ValueError(f"must be odd, got {value}")
+        return value
+
     @field_validator("budget")
     @classmethod
     def _budget_holds_the_window(cls, value: int | None, info: ValidationInfo) -> int | None:
@@ -163,8 +171,10 @@ CONFIG_ONLY = frozenset({"layer_profile"})
 
 def bounds(info: FieldInfo) -> dict[str, Any]:
     """The ``Field`` keywords of ``info``'s bounds (``ge``, ``le``, ``gt``, ``lt``,
-    ``min_length``, ``max_length``, ``allow_inf_nan``)."""
+    ``min_length``, ``max_length``, ``allow_inf_nan``, and what only the schema states)."""
     out: dict[str, Any] = {}
+    if info.json_schema_extra is not None:
+        out["json_schema_extra"] = info.json_schema_extra
     for item in info.metadata:
         for key in ("ge", "le", "gt", "lt", "min_length", "max_length", "allow_inf_nan"):
             if getattr(item, key, None) is not None:
@@ -184,9 +194,17 @@ def override(name: str, description: str | None = None) -> Any:
 
 class PressOverrides(BaseModel):
     """What one request may change of :class:`PressSettings` (each field unset by default;
-    see there). ``budget`` and ``ratio`` together are refused."""
+    see there). ``budget`` and ``ratio`` together are refused (and the schema says so)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "not": {
+                "required": ["budget", "ratio"],
+                "properties": {"budget": {"type": "integer"}, "ratio": {"type": "number"}},
+            }
+        },
+    )
 
     press: RequestPressName | None = override(
         "default_press", "the press that compresses the prompt's KV"

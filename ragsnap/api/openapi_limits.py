@@ -1,0 +1,122 @@
+"""What the OpenAPI schema says of this server: its own limits and what it lacks.
+
+The request models state what holds for every server (bounds, one of documents or query,
+odd kernels). This adds what the server's :class:`~ragsnap.api.settings.Settings` decide,
+where JSON Schema can say it: the most documents, the longest question, the largest answer
+and ``top_k``; without a corpus, no ``query`` and no ``/v1/search``; which press takes which
+option (the default press is the server's); the OpenAI fields the chat route accepts and
+the values it accepts them with. A schema-valid request is then accepted, except for what
+JSON Schema cannot compare (a budget below the window, a decode window over its slack,
+duplicate document ids) or count (bytes and tokens: 413).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ragsnap.api.settings import Settings
+from ragsnap.compression import PRESSES, make_press, press_options
+from ragsnap.errors import ConfigError
+
+NO_CORPUS = "this server has no corpus (RAGSNAP_CORPUS_DIR): always null"
+
+
+def state_limits(schema: dict[str, Any], settings: Settings) -> None:
+    """Write ``settings``' limits into ``schema`` (an OpenAPI document, changed in place)."""
+    models = schema.get("components", {}).get("schemas", {})
+    corpus = settings.corpus_dir is not None
+    for name in ("AnswerRequest", "ChatCompletionRequest", "SearchRequest"):
+        if name in models:
+            models[name]["properties"]["top_k"]["maximum"] = settings.max_top_k
+    for name in ("AnswerRequest", "ChatCompletionRequest"):
+        if name not in models:
+            continue
+        fields = models[name]["properties"]
+        fields["documents"]["maxItems"] = settings.max_documents
+        if not corpus:
+            fields["query"] = {"type": "null", "description": NO_CORPUS}
+            fields["top_k"]["description"] = "unused: " + NO_CORPUS
+    if "AnswerRequest" in models:
+        fields = models["AnswerRequest"]["properties"]
+        fields["question"]["maxLength"] = settings.max_question_chars
+        fields["max_new_tokens"]["maximum"] = settings.max_new_tokens_limit
+    if "ChatCompletionRequest" in models:
+        chat = models["ChatCompletionRequest"]
+        for name in ("max_tokens", "max_completion_tokens"):
+            chat["properties"][name]["maximum"] = settings.max_new_tokens_limit
+        _openai_extras(chat)
+    if "CompressionIn" in models:
+        models["CompressionIn"]["allOf"] = _press_rules(settings)
+    if not corpus:
+        schema.get("paths", {}).pop("/v1/search", None)
+
+
+def _openai_extras(chat: dict[str, Any]) -> None:
+    """The OpenAI fields ragsnap leaves unused, each with the values that mean "off", and
+    the inert ones; any other field is refused (400)."""
+    from ragsnap.api.openai_serving import _INERT, _OFF_VALUES
+
+    for name, values in _OFF_VALUES.items():
+        chat["properties"].setdefault(name, {"enum": _json_equal(values)})
+    for name in _INERT:
+        chat["properties"].setdefault(name, {"description": "accepted, not used"})
+    chat["additionalProperties"] = False
+
+
+def _json_equal(values: tuple[Any, ...]) -> list[Any]:
+    """``values`` and the JSON values Python finds equal to one (``False == 0``)."""
+    out: list[Any] = []
+    for value in values:
+        if value is False or (type(value) in (int, float) and value == 0):
+            out += [False, 0]
+        else:
+            out.append(value)
+    unique: dict[str, Any] = {json.dumps(v, sort_keys=True): v for v in out}
+    return [v for k, v in unique.items() if k != "0.0"]
+
+
+def _press_rules(settings: Settings) -> list[dict[str, Any]]:
+    """``if``/``then`` rules: an option a press does not take stays unset with that press
+    (or with no press named, when the server's default press does not take it); a decode
+    window needs a decode slack (unless the server sets one)."""
+    rules = []
+    for option, unset in (
+        ("kernel", {"type": "null"}),
+        ("pooling", {"type": "null"}),
+        ("lookahead", {"enum": [None, 0]}),
+    ):
+        refusing = [name for name in PRESSES if name != "full" and not _takes(name, option)]
+        if not refusing:
+            continue
+        named: dict[str, Any] = {"properties": {"press": {"enum": refusing}}}
+        if settings.default_press in refusing:  # unset or null: the server's press
+            named = {"properties": {"press": {"enum": [*refusing, None]}}}
+        else:
+            named["required"] = ["press"]
+        rules.append({"if": named, "then": {"properties": {option: unset}}})
+    if settings.decode_slack is None:
+        rules.append(
+            {
+                "if": {
+                    "required": ["decode_window"],
+                    "properties": {"decode_window": {"type": "integer"}},
+                },
+                "then": {
+                    "required": ["decode_slack"],
+                    "properties": {"decode_slack": {"type": "integer"}},
+                },
+            }
+        )
+    return rules
+
+
+def _takes(press: str, option: str) -> bool:
+    """Whether ``press`` takes ``option`` (``lookahead``: a positive one)."""
+    if option != "lookahead":
+        return option in press_options(press)
+    try:
+        make_press(press, lookahead=1)
+    except ConfigError:
+        return False
+    return True
