@@ -22,6 +22,8 @@ from ragsnap.compression.base import DEFAULT_KERNEL
 from ragsnap.compression.snapkv import pool_scores
 from ragsnap.errors import ConfigError
 
+DEFAULT_DECODE_WINDOW = 16  # answer tokens that vote (at most the slack)
+
 
 @dataclass(frozen=True)
 class DecodeSnapKV:
@@ -29,7 +31,7 @@ class DecodeSnapKV:
     ``window`` of last tokens that vote (and are always kept), the pooling ``kernel``."""
 
     slack: int = 64
-    window: int = 16
+    window: int = DEFAULT_DECODE_WINDOW
     kernel: int = DEFAULT_KERNEL
 
     def __post_init__(self) -> None:
@@ -51,7 +53,9 @@ def decode_compression(slack: int | None, window: int | None = None) -> DecodeSn
         if window is not None:
             raise ConfigError("decode_window needs decode_slack", field="decode_window")
         return None
-    return DecodeSnapKV(slack=slack, window=window if window is not None else min(16, slack))
+    return DecodeSnapKV(
+        slack=slack, window=window if window is not None else min(DEFAULT_DECODE_WINDOW, slack)
+    )
 
 
 @dataclass

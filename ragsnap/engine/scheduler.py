@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ragsnap.engine.config import DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS
 from ragsnap.engine.engine import (
     AnswerOptions,
     PendingAnswer,
@@ -147,8 +148,8 @@ class Scheduler:
     def __init__(
         self,
         engine: RagSnapEngine,
-        max_batch: int = 8,
-        step_tokens: int = 512,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        step_tokens: int = DEFAULT_STEP_TOKENS,
         idle_chunk: int = IDLE_CHUNK,
         prefill_threads: int | None = None,
         decode_threads: int | None = None,

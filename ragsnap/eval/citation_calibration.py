@@ -37,6 +37,8 @@ GRID = [round(0.1 * i, 1) for i in range(11)]  # overlap and question weights
 ATTENTION_GRID = [round(0.2 * i, 1) for i in range(6)]  # coarser: 21 weightings, not 66
 THRESHOLDS = [round(0.05 * i, 2) for i in range(2, 15)]
 CAPS = (None, 1, 2, 3)  # documents per answer
+# the budget of the eval runs the weights are fitted on (their records' budget)
+CALIBRATION_BUDGET = 256
 TOP_KS = (1, 2, 3)  # documents per sentence
 RATIOS = (0.0, 0.8)  # share of the answer's best score
 # (anchor, anchor_ratio, named_anchors): none; the question's best document; with the
@@ -48,7 +50,7 @@ ANCHORS: tuple[tuple[bool, float | None, bool], ...] = (
 
 
 def load_records(
-    folder: Path, press: str = "ragsnap", budget: int | None = 256
+    folder: Path, press: str = "ragsnap", budget: int | None = CALIBRATION_BUDGET
 ) -> list[dict[str, Any]]:
     """Records of ``press`` at ``budget`` with stored evidence (one per item, last wins)."""
     found: dict[str, dict[str, Any]] = {}
@@ -298,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--weights", type=Path, help="score: a fit's JSON output")
     parser.add_argument("--press", default="ragsnap")
-    parser.add_argument("--budget", type=int, default=256)
+    parser.add_argument("--budget", type=int, default=CALIBRATION_BUDGET)
     parser.add_argument(
         "--min-precision-when-right",
         type=float,
