@@ -213,3 +213,91 @@ def test_the_scheduler_only_decides():
         not {"ragsnap.runtime.model_runtime", "ragsnap.runtime.blend", "ragsnap.runtime.tails"}
         & GRAPH["ragsnap.engine.scheduler"]
     )
+
+
+# -- every setting declared once ----------------------------------------------------------
+
+# settings whose default a module may not write as a number: the press settings read it
+# from ragsnap.compression.base (DEFAULT_BUDGET...) or the configuration, the scheduler's
+# from ragsnap.engine.config (DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS)
+NAMED_ONCE = {"budget", "window", "kernel", "max_batch", "step_tokens"}
+# the entrances, which resolve a request's options through engine.request_options only
+ENTRANCES = (
+    "ragsnap.api",
+    "ragsnap.integrations",
+    "ragsnap.cli.ask",
+    "ragsnap.cli.options",
+    "ragsnap.cli.serve",
+    "ragsnap.engine.engine",
+)
+
+
+def _literal_defaults(source: str) -> list[str]:
+    """``name = <number>`` defaults of :data:`NAMED_ONCE` settings: typed fields and
+    parameters (``budget: int = 512``, ``def f(window=32)``), as ``line:name``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        pairs = []
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            pairs.append((node.target.id, node.value))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            named = positional[len(positional) - len(args.defaults) :]
+            pairs += zip([a.arg for a in named], args.defaults, strict=True)
+            pairs += zip([a.arg for a in args.kwonlyargs], args.kw_defaults, strict=True)
+        found += [
+            f"{node.lineno}:{name}"
+            for name, value in pairs
+            if name in NAMED_ONCE
+            and isinstance(value, ast.Constant)
+            and type(value.value) in (int, float)
+        ]
+    return found
+
+
+def test_every_setting_is_declared_once():
+    """The press settings (press, budget, window, kernel...) are declared once, with their
+    bounds, in ``engine/press_settings.py`` (part of ``EngineConfig``): no module writes the
+    default budget, window or kernel, or the scheduler's, as a number; the API's
+    ``compression`` fields and the CLI's press flags are made from that declaration; and the
+    entrances resolve a request's press through ``engine.request_options`` alone."""
+    from ragsnap.api.schemas import CompressionIn
+    from ragsnap.cli import build_parser
+    from ragsnap.engine.config import EngineConfig
+    from ragsnap.engine.options import PRESS_FIELDS
+    from ragsnap.engine.press_settings import (
+        CONFIG_ONLY,
+        PressSettings,
+        bounds,
+        setting_of,
+    )
+
+    literals = {m: _literal_defaults(p.read_text()) for m, p in MODULES.items()}
+    assert not {m: found for m, found in literals.items() if found}
+    assert _literal_defaults("def f(budget: int | None = 512): ...\n") == ["1:budget"]
+    # the configuration holds every press setting; a request changes all but CONFIG_ONLY
+    assert set(PressSettings.model_fields) <= set(EngineConfig.model_fields)
+    assert set(PRESS_FIELDS) == set(PressSettings.model_fields)
+    requested = {setting_of(name) for name in CompressionIn.model_fields}
+    assert requested == set(PressSettings.model_fields) - CONFIG_ONLY
+    for name, field in CompressionIn.model_fields.items():
+        setting = PressSettings.model_fields[setting_of(name)]
+        assert field.default is None and bounds(field) == bounds(setting), name
+        assert field.description.startswith(setting.description) or name != setting_of(name)
+    # the flags of `ask` and `serve` are the configuration's, generated from it
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
+    for command in ("ask", "serve"):
+        actions = {a.dest: a for a in commands[command]._actions}
+        for name in PRESS_FIELDS:
+            assert f"$RAGSNAP_{name.upper()}" in actions[name].help, (command, name)
+    # one resolution of a request's options: the entrances build no press themselves
+    building = {
+        module: sorted(GRAPH[module] & {"ragsnap.compression.propagate"})
+        + [n for n in ("make_press(", "without_propagation(") if n in path.read_text()]
+        for module, path in MODULES.items()
+        if module.startswith(ENTRANCES)
+    }
+    assert not {m: found for m, found in building.items() if found}
+    assert "ragsnap.engine.request_options" in GRAPH["ragsnap.engine.engine"]
+    assert "ragsnap.engine.request_options" in GRAPH["ragsnap.api.answering"]

@@ -16,8 +16,7 @@ import json
 from typing import Any
 
 from ragsnap.api.settings import Settings
-from ragsnap.compression import PRESSES, make_press, press_options
-from ragsnap.errors import ConfigError
+from ragsnap.compression import PRESSES, press_options
 
 NO_CORPUS = "this server has no corpus (RAGSNAP_CORPUS_DIR): always null"
 
@@ -86,7 +85,9 @@ def _press_rules(settings: Settings) -> list[dict[str, Any]]:
         ("pooling", {"type": "null"}),
         ("lookahead", {"enum": [None, 0]}),
     ):
-        refusing = [name for name in PRESSES if name != "full" and not _takes(name, option)]
+        refusing = [
+            name for name in PRESSES if name != "full" and option not in press_options(name)
+        ]
         if not refusing:
             continue
         named: dict[str, Any] = {"properties": {"press": {"enum": refusing}}}
@@ -109,14 +110,3 @@ def _press_rules(settings: Settings) -> list[dict[str, Any]]:
             }
         )
     return rules
-
-
-def _takes(press: str, option: str) -> bool:
-    """Whether ``press`` takes ``option`` (``lookahead``: a positive one)."""
-    if option != "lookahead":
-        return option in press_options(press)
-    try:
-        make_press(press, lookahead=1)
-    except ConfigError:
-        return False
-    return True

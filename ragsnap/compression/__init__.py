@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -72,13 +73,20 @@ WRAPPER_OPTIONS = frozenset(
 )
 
 
+@functools.cache
 def press_options(name: str) -> frozenset[str]:
     """The options press ``name`` takes: its factory's keywords and
-    :data:`WRAPPER_OPTIONS` (none for ``full``, nothing for an unknown name)."""
+    :data:`WRAPPER_OPTIONS` (``lookahead`` only where the press votes with its window;
+    none for ``full``, nothing for an unknown name)."""
     cls = PRESSES.get(name)
     if cls is None or cls is FullPress:
         return frozenset()
-    return frozenset(inspect.signature(cls).parameters) | WRAPPER_OPTIONS
+    options = frozenset(inspect.signature(cls).parameters) | WRAPPER_OPTIONS
+    try:  # LookaheadPress refuses a press whose votes are not its window's (H2O)
+        make_press(name, lookahead=1)
+    except ConfigError:
+        return options - {"lookahead"}
+    return options
 
 
 def make_press(name: str = DEFAULT_PRESS, **options: Any) -> Press:

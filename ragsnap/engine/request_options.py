@@ -22,8 +22,8 @@ from ragsnap.engine.press_settings import PressOverrides
 from ragsnap.prompt.assembly import DocumentOrder
 from ragsnap.runtime.generation import GenerationConfig
 
-# options a request's value must suit the press (an error otherwise), while the
-# configuration's value goes only to the presses that take it (one server setting, many presses)
+# a request's value of these must suit the press (an error otherwise); the configuration's
+# goes only to the presses that take it (one server setting, many presses)
 _TUNING = ("window", "kernel", "pooling")
 _WRAPPERS = ("keep_instruction", "lookup", "lookahead", "propagate_layer", "propagate_share")
 
@@ -46,7 +46,7 @@ def resolve_press(config: EngineConfig, overrides: PressOverrides | None = None)
         "budget": given.budget if sized else config.budget,
         "ratio": given.ratio if sized else config.ratio,
     }
-    for key in _TUNING:
+    for key in (*_TUNING, *_WRAPPERS):
         value = getattr(given, key)
         if value is not None:
             options[key] = value
@@ -54,8 +54,6 @@ def resolve_press(config: EngineConfig, overrides: PressOverrides | None = None)
             options[key] = getattr(config, key)
     if "profile" in takes:
         options["profile"] = config.layer_profile
-    for key in _WRAPPERS:
-        options[key] = _given(getattr(given, key), getattr(config, key))
     press = make_press(name, **options)
     return without_propagation(press) if given.full_prefill or config.full_prefill else press
 
