@@ -118,6 +118,8 @@ def fresh_names(row: dict[str, Any]) -> list[str]:
     """The row's missing names that are not garbled from a word of its cited documents
     (rows recorded before :func:`ragsnap.citations.named.garbled` existed; the other
     documents are not recorded, so this may keep a name another document holds)."""
+    if "documents" not in row:  # recorded with the check itself
+        return list(row["answer_missing"]["name"])
     docs = [Document(id=k, title=d["title"], text=d["text"]) for k, d in row["documents"].items()]
     vocabulary = document_words(docs)
     return [w for w in row["answer_missing"]["name"] if not garbled(w, vocabulary)]
