@@ -335,3 +335,18 @@ def test_a_name_garbled_from_a_document_s_is_found_a_new_one_is_not():
     docs = [Document(id="k", text="KEYNOTE-522 tested pembrolizumab. Bimagrumab (BYM338).")]
     answer = "KEYNOTE-522 studied pembrolizumab (Pembrol). Bimagrumab is BIM338, not Avelumab."
     assert answer_not_in_documents(answer, docs) == ["Avelumab"]
+
+
+def test_the_demo_s_invented_date_is_in_no_sample_document():
+    from pathlib import Path
+
+    samples = Path(__file__).parents[1] / "ragsnap" / "samples"
+    docs = [Document(id=p.stem, title=p.stem, text=p.read_text()) for p in samples.glob("*.md")]
+    assert docs
+    answer = (
+        "The Rosetta Stone is kept in the British Museum in London, where it was first "
+        "discovered in 1829."
+    )
+    assert answer_not_in_documents(answer, docs, "Where is the Rosetta Stone kept?") == ["1829"]
+    kept = "The Rosetta Stone is kept in the British Museum in London."
+    assert answer_not_in_documents(kept, docs, "Where is the Rosetta Stone kept?") == []
