@@ -59,6 +59,8 @@ def token_votes(layer: LayerContext, window: int, kernel: int, pooling: str) -> 
     than the highest score over heads or the mean over heads did).
     """
     w = min(window, layer.seq_len)
+    if w == layer.seq_len:  # the window is the whole prompt: no position before it to rank
+        return torch.zeros(0, device=layer.keys.device)
     attention = window_attention(layer, w)[..., : layer.seq_len - w]  # [1, Hkv, G, w, L-w]
     votes = attention.sum(dim=-2).mean(dim=2)  # [1, Hkv, L - w]
     pooled = pool_scores(votes, kernel, pooling)[0]  # [Hkv, L - w]
