@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 
-from ragsnap.api.openapi_limits import state_limits
+from ragsnap.api.openapi_limits import state_limits, state_model_limits
 from ragsnap.runtime.generation import SEED_MAX, SEED_MIN
 
 
@@ -136,7 +136,13 @@ def install_openapi(app: FastAPI) -> None:
             settings = getattr(app.state, "settings", None)
             if settings is not None:  # this server's limits (the app's own settings)
                 state_limits(schema, settings)
+            services = getattr(app.state, "services", None)
+            engine = getattr(services, "engine", None)
+            if engine is not None:  # and its model's (a Ray ingress holds none)
+                state_model_limits(schema, engine.loaded.model.config.num_hidden_layers)
             _exact_bounds(schema)
+            if services is None:  # still loading: the model's limits come with it
+                return schema
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -1,13 +1,15 @@
 """What the OpenAPI schema says of this server: its own limits and what it lacks.
 
 The request models state what holds for every server (bounds, one of documents or query,
-odd kernels). This adds what the server's :class:`~ragsnap.api.settings.Settings` decide,
-where JSON Schema can say it: the most documents, the longest question, the largest answer
-and ``top_k``; without a corpus, no ``query`` and no ``/v1/search``; which press takes which
-option (the default press is the server's); the OpenAI fields the chat route accepts and
-the values it accepts them with. A schema-valid request is then accepted, except for what
-JSON Schema cannot compare (a budget below the window, a decode window over its slack,
-duplicate document ids) or count (bytes and tokens: 413).
+odd kernels). This adds what the server's :class:`~ragsnap.api.settings.Settings` and model
+decide, where JSON Schema can say it: the most documents, the longest question, the largest
+answer and ``top_k``; the deepest ``propagate_layer``; without a corpus, no ``query`` and no
+``/v1/search``; which press takes which option (the default press is the server's); the
+OpenAI fields the chat route accepts, with the values it accepts them with. A schema-valid
+request is then accepted, except for what JSON Schema cannot compare (a budget below the
+window, a decode window over its slack, duplicate document ids), read (which message of a
+chat holds the question), look up (a query no passage matches) or count (bytes and tokens:
+413).
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def state_limits(schema: dict[str, Any], settings: Settings) -> None:
         models["CompressionIn"]["allOf"] = _press_rules(settings)
     if not corpus:
         schema.get("paths", {}).pop("/v1/search", None)
+
+
+def state_model_limits(schema: dict[str, Any], num_layers: int) -> None:
+    """Write the served model's limits into ``schema``: the deepest ``propagate_layer``."""
+    models = schema.get("components", {}).get("schemas", {})
+    if "CompressionIn" in models:
+        models["CompressionIn"]["properties"]["propagate_layer"]["maximum"] = num_layers - 1
 
 
 def _openai_extras(chat: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from pydantic import (
     field_validator,
 )
 
-from ragsnap.engine.press_settings import PressOverrides
+from ragsnap.engine.press_settings import JsonBody, PressOverrides
 from ragsnap.prompt.assembly import DocumentOrder
 from ragsnap.runtime.generation import GREEDY_BELOW, MAX_TEMPERATURE, SEED_MAX, SEED_MIN
 
@@ -37,8 +37,24 @@ Text = Annotated[str, AfterValidator(_no_surrogates)]
 # a signed 64-bit integer; the exclusive bound says 2**63 is out for readers that take
 # 2**63-1 for the double 2**63 (api.openapi writes the bounds as exact integers)
 Int64 = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX, lt=SEED_MAX + 1)]
-# what the schema says of a text that must hold more than whitespace (checked by validators)
-NOT_BLANK = {"pattern": r"\S"}
+
+
+def _not_only(spaces: str) -> dict[str, str]:
+    """A pattern: some character not in ``spaces`` (written as ``\\uXXXX`` ranges)."""
+    runs: list[list[int]] = []
+    for code in sorted(map(ord, spaces)):
+        if runs and runs[-1][1] == code - 1:
+            runs[-1][1] = code
+        else:
+            runs.append([code, code])
+    ranges = "".join(f"\\u{a:04x}" if a == b else f"\\u{a:04x}-\\u{b:04x}" for a, b in runs)
+    return {"pattern": f"[^{ranges}]"}
+
+
+# what the schema says of a text that must hold more than whitespace, as ``str.strip``
+# (the validators) sees it: Python's whitespace, which is not JSON Schema's ``\\s``
+# (every such character is at most U+3000)
+NOT_BLANK = _not_only("".join(chr(c) for c in range(0x3001) if chr(c).isspace()))
 TEMPERATURE = (
     f"sampling temperature, 0 to {MAX_TEMPERATURE:g}; below {GREEDY_BELOW:g} decodes greedily"
 )
@@ -51,7 +67,7 @@ UNSUPPORTED = (
 )
 
 
-class DocumentIn(BaseModel):
+class DocumentIn(JsonBody):
     """A document given with the request; ``id`` defaults to its position (``"1"``, ``"2"``...)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -89,7 +105,7 @@ class CompressionIn(PressOverrides):
     (:class:`ragsnap.engine.press_settings.PressSettings`); unset fields take the server's."""
 
 
-class CitationsIn(BaseModel):
+class CitationsIn(JsonBody):
     """How the answer is cited (see ``ragsnap.citations``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -103,14 +119,18 @@ class CitationsIn(BaseModel):
     )
 
 
-class RetrievalFields(BaseModel):
+class RetrievalFields(JsonBody):
     """Where the documents come from: given inline, or found by ``query`` in the corpus."""
 
     documents: list[DocumentIn] | None = Field(
         default=None, max_length=10_000, json_schema_extra={"minItems": 1}
     )
     query: Text | None = Field(
-        default=None, min_length=1, max_length=4_000, description="search the corpus"
+        default=None,
+        min_length=1,
+        max_length=4_000,
+        description="search the corpus",
+        json_schema_extra=NOT_BLANK,
     )
     top_k: int | None = Field(
         default=None, ge=1, le=1_000, description="passages taken from the corpus"
@@ -126,7 +146,7 @@ class RetrievalFields(BaseModel):
     )
 
 
-class TurnIn(BaseModel):
+class TurnIn(JsonBody):
     """An earlier turn of the conversation."""
 
     model_config = ConfigDict(extra="forbid")
@@ -259,13 +279,13 @@ class AnswerResponse(BaseModel):
     )
 
 
-class SearchRequest(BaseModel):
+class SearchRequest(JsonBody):
     """``POST /v1/search``: the corpus passages ``query`` finds (what ``query`` on
     ``/v1/answer`` would put into the prompt)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    query: Text = Field(min_length=1, max_length=4_000)
+    query: Text = Field(min_length=1, max_length=4_000, json_schema_extra=NOT_BLANK)
     top_k: int | None = Field(default=None, ge=1, le=1_000)
 
 
@@ -280,7 +300,7 @@ class SearchResponse(BaseModel):
     passages: list[PassageOut]
 
 
-class TextPart(BaseModel):
+class TextPart(JsonBody):
     type: Literal["text"]
     text: Text = Field(max_length=_MAX_TEXT)
 
@@ -293,7 +313,7 @@ def _no_tool_traffic(schema: dict[str, Any]) -> None:
         properties[name] = {"enum": [None, False, 0, "", [], {}], "description": "not supported"}
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(JsonBody):
     model_config = ConfigDict(extra="allow", json_schema_extra=_no_tool_traffic)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -305,7 +325,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(JsonBody):
     include_usage: bool = False
 
 
