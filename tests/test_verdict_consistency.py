@@ -350,3 +350,11 @@ def test_the_demo_s_invented_date_is_in_no_sample_document():
     assert answer_not_in_documents(answer, docs, "Where is the Rosetta Stone kept?") == ["1829"]
     kept = "The Rosetta Stone is kept in the British Museum in London."
     assert answer_not_in_documents(kept, docs, "Where is the Rosetta Stone kept?") == []
+
+
+def test_the_last_word_of_an_answer_cut_mid_sentence_is_judged_as_a_prefix():
+    docs = [Document(id="q", text="Qinzhou has 684,360 people; Jingjiang 1,234,000 in 1975.")]
+    cut = "Qinzhou has 684,360 people, Jingjiang more, counted in 197"
+    assert answer_not_in_documents(cut, docs) == []
+    assert answer_not_in_documents(cut + "4.", docs) == ["1974"]  # finished: judged whole
+    assert answer_not_in_documents("Qinzhou is bigger than Paris", docs) == ["Paris"]

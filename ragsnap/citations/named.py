@@ -22,7 +22,9 @@ the answer's numbers, dates and names, a capitalized word opening one of its sen
 ("Paris is ...") and the words it shares with the question (the subject it restates:
 "telephone"); plain words of its own are left to the support check, since a paraphrase
 may choose them. A name the model garbles from a document's (:func:`garbled`: "Pembrol"
-for "pembrolizumab", "BIM338" for "BYM338") is no new content and counts as found. Any
+for "pembrolizumab", "BIM338" for "BYM338") is no new content and counts as found, and so
+does the last word of an answer that stops mid-sentence (cut by the token limit: "684,3"
+for "684,360") when a document word begins with it. Any
 other such term in no document makes the answer not grounded
 (:func:`ragsnap.citations.verdict.judge`), and every route reports them.
 """
@@ -165,16 +167,32 @@ def missing_terms(
         held |= (claim_keys(document.title) | claim_keys(document.text)) & wanted
     out: dict[str, list[str]] = {kind: [] for kind in TERM_KINDS}
     vocabulary: set[str] | None = None
+    last = _unfinished(answer)
     for kind, claim in terms:
         word = _word_at(answer, claim.start, claim.end)
         if claim.key in held or word in out[kind]:
             continue
-        if kind == "name":  # the words only when a name is missing
+        if kind in ("name", "opening"):  # the words only when a name is missing
             vocabulary = document_words(documents) if vocabulary is None else vocabulary
-            if garbled(word, vocabulary):
+            if garbled(word, vocabulary) or (claim.end >= last and _begins(word, vocabulary)):
                 continue
         out[kind].append(word)
     return out
+
+
+def _unfinished(answer: str) -> int:
+    """Where the last word of ``answer`` starts when the answer stops mid-sentence (no
+    closing punctuation: the token limit cut it), else past its end."""
+    text = answer.rstrip()
+    if not text or text[-1] in ".!?\"'”’)]":
+        return len(answer) + 1
+    return len(text) - len(text.split()[-1])
+
+
+def _begins(word: str, vocabulary: Iterable[str]) -> bool:
+    """Whether a word of ``vocabulary`` (lower case) begins with ``word``."""
+    w = word.lower()
+    return any(v.startswith(w) for v in vocabulary)
 
 
 def answer_not_in_documents(
