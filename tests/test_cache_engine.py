@@ -60,13 +60,18 @@ def ask(
 def counting(eng: RagSnapEngine) -> list[int]:
     """Count the engine's prefills (the real method still runs)."""
     calls: list[int] = []
-    real = eng.runtime.prefill
+    real, real_tails = eng.runtime.prefill_steps, eng.runtime.prefill_tails
 
-    def prefill(input_ids, press, **kwargs):
+    def prefill_steps(input_ids, press, **kwargs):
         calls.append(len(input_ids) - kwargs.get("start", 0))
         return real(input_ids, press, **kwargs)
 
-    eng.runtime.prefill = prefill  # type: ignore[method-assign]
+    def prefill_tails(tails):
+        calls.extend(len(t.input_ids) - t.start for t in tails)
+        return real_tails(tails)
+
+    eng.runtime.prefill_steps = prefill_steps  # type: ignore[method-assign]
+    eng.runtime.prefill_tails = prefill_tails  # type: ignore[method-assign]
     return calls
 
 
@@ -130,7 +135,10 @@ def test_damaged_entry_is_a_miss_cleaned_up_and_recomputed(
     )
     first = ask(eng, Q1, ns)
     key = eng.tiers.entry_keys(
-        eng.build_prompt(Q1, DOCS, options().generation, order="given"), options().press.config(), Q1, ns
+        eng.build_prompt(Q1, DOCS, options().generation, order="given"),
+        options().press.config(),
+        Q1,
+        ns,
     )[0]
     base = f"ragsnap:v1:{key.label}:kv:{{{key.digest}}}"
     if damage == "evicted_chunk":

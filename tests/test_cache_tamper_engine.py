@@ -106,16 +106,16 @@ def test_a_miss_with_the_prefix_tier_counts_the_document_prefix_pass(engine, tmp
     eng = RagSnapEngine(engine.loaded, store=open_store(f"file://{tmp_path}"))
     assert eng.tiers is not None
     passes: list[float] = []
-    real = eng.runtime.prefill_full
+    real = eng.runtime.prefill_full_steps
 
-    def timed(prefix_ids, on_chunk=None):
+    def timed(prefix_ids, chunk=None):
         started = time.perf_counter()
         try:
-            return real(prefix_ids, on_chunk)
+            return (yield from real(prefix_ids, chunk))
         finally:
             passes.append(time.perf_counter() - started)
 
-    eng.runtime.prefill_full = timed  # type: ignore[method-assign]
+    eng.runtime.prefill_full_steps = timed  # type: ignore[method-assign]
     done = ask(eng, Q1, uuid.uuid4().hex[:12])
     assert done.stats.cache == "miss" and len(passes) == 1
     assert done.stats.prefill_tokens == done.stats.prompt_tokens

@@ -4,6 +4,7 @@ entries shared across questions and orders but never across namespaces or damage
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -231,6 +232,34 @@ def test_question_selection_always_recomputes_each_pieces_leading_tokens(monkeyp
     assert one.selected == 3 and set(one.recomputed) == {5, 26, 47, *starts}
     # the whole share is still the cold prefix
     full = blend_prefix(model, KWARG, prefix, len(head), placed, 1.0, "question", tail)
+    assert _max_diff(full.layers, _kv(model, prefix, 0)) < 1e-4
+
+
+def test_leading_selection_recomputes_each_pieces_first_tokens_without_a_ranking_pass(
+    monkeypatch,
+):
+    """EPIC's static positions: the share goes to each piece's first tokens, spread over the
+    pieces, and no pass ranks anything (neither the question's attention nor a deviation)."""
+    model, head, prefix, placed = _three_pieces()
+
+    def ranking(*args, **kwargs):
+        raise AssertionError("the leading selection ran a ranking pass")
+
+    monkeypatch.setattr(blend, "question_attention", ranking)
+    monkeypatch.setattr(blend, "_by_deviation", ranking)
+    got = blend_prefix(model, KWARG, prefix, len(head), placed, 0.2, "leading")
+    body = [i for p in placed for i in range(p.start, p.start + p.length)]
+    chosen = sorted(set(got.recomputed) & set(body))
+    assert len(chosen) == got.selected == math.ceil(0.2 * len(body))
+    per_piece = [sum(p.start <= i < p.start + p.length for i in chosen) for p in placed]
+    assert max(per_piece) - min(per_piece) <= 1  # spread over the pieces
+    assert all(
+        i - p.start < max(per_piece)
+        for p in placed
+        for i in chosen
+        if p.start <= i < p.start + p.length
+    )
+    full = blend_prefix(model, KWARG, prefix, len(head), placed, 1.0, "leading")
     assert _max_diff(full.layers, _kv(model, prefix, 0)) < 1e-4
 
 

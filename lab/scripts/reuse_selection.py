@@ -41,6 +41,7 @@ def main() -> None:
     from ragsnap.cache.tiers.cached_prefill import CachedPrefill
     from ragsnap.cli.bench.reuse_items import build_passages, load_bench_items
     from ragsnap.compression import make_press
+    from ragsnap.engine.execute import PlanExecutor
     from ragsnap.engine.loading import plain_runtime
     from ragsnap.eval.fidelity import compare, full_reference
     from ragsnap.prompt.assembly import assemble_prompt, encode_user_text
@@ -73,14 +74,18 @@ def main() -> None:
     scratch = tempfile.TemporaryDirectory()
     store = open_store(f"file://{scratch.name}")
     tiers = {
-        v["name"]: CachedPrefill(
+        v["name"]: PlanExecutor(
             runtime,
-            runtime.loaded,
-            store,
-            prefix_cache=False,
-            document_cache=True,
-            recompute_share=v["share"],
-            recompute_select=v.get("select", blend.DEFAULT_SELECTION),
+            CachedPrefill(
+                runtime.loaded,
+                store,
+                runtime.cache_from,
+                prefix_cache=False,
+                document_cache=True,
+                blend_reason=runtime.blend_support(),
+            ),
+            v["share"],
+            v.get("select", blend.DEFAULT_SELECTION),
         )
         for v in variants
     }
@@ -92,7 +97,7 @@ def main() -> None:
     reader = next(iter(tiers.values()))
     for i in range(0, 16, 8):
         group = [p.doc for p in passages[i : i + 8]]
-        reader.finish(reader.prefill(layout_of("Read.", group), press, "Read.", namespace)[1])
+        reader.tiers.finish(reader.prefill(layout_of("Read.", group), press, "Read.", namespace)[1])
     defaults = (blend.LEAD_TOKENS, blend.recompute_blocks, blend_select.EARLY_PROBE_LAYERS)
     probes = (blend.question_attention, blend.early_question_attention)
     rng = random.Random(7)
@@ -113,7 +118,7 @@ def main() -> None:
             reused, report = tier.prefill(layout, press, question, namespace)
             seconds = time.perf_counter() - started
             assert report.tier == "documents", report.reuse_note
-            store.delete(tier.entry_keys(layout, press, question, namespace)[0])
+            store.delete(tier.tiers.entry_keys(layout, press.config(), question, namespace)[0])
             log_probs = runtime.teacher_force([reused], reference.tokens)[0]
             results[v["name"]]["kl"].append(compare(log_probs, reference)["kl"])
             results[v["name"]]["x"].append(cold_s / seconds)

@@ -205,9 +205,15 @@ def grounding_line(done: DoneEvent) -> str:
 
 
 def _cache_detail(stats: AnswerStats) -> str:
-    parts = []
+    """Which path served the prefill, what it recomputed, the store's bytes."""
+    parts = [f"{stats.prefill_tokens} of {stats.prompt_tokens} tokens computed"]
+    if stats.cache_tier == "documents":
+        parts.append(
+            f"{stats.reused_documents} documents reused, "
+            f"{stats.recomputed_tokens} of their tokens recomputed"
+        )
     if stats.cache_bytes_read:
         parts.append(f"{stats.cache_bytes_read / 2**20:.1f} MiB read in {stats.cache_load_s:.2f}s")
     if stats.cache_bytes_written:
         parts.append(f"{stats.cache_bytes_written / 2**20:.1f} MiB written")
-    return f" ({', '.join(parts)})" if parts else ""
+    return f" ({', '.join(parts)})"

@@ -108,11 +108,11 @@ class EngineConfig(BaseSettings, PressSettings):
         description="share of reused document tokens recomputed with the full context "
         "(0: plain concatenation, 1: as a cold prefill)",
     )
-    recompute_select: Literal["question", "early-question", "deviation", "both"] = Field(
+    recompute_select: Literal["question", "early-question", "deviation", "both", "leading"] = Field(
         default=DEFAULT_SELECTION,
         description="which reused tokens are recomputed: those the question attends to "
         "(over every layer, or the first 8: early-question), CacheBlend's layer-1 KV "
-        "deviation, or both",
+        "deviation, both, or each piece's first tokens (leading: no ranking pass)",
     )
     prefix_memory_mb: int = Field(
         default=DEFAULT_PREFIX_MEMORY_BYTES >> 20,

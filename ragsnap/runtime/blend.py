@@ -39,7 +39,7 @@ SELECT_LAYER = 1
 # layer or over the first layers only (blend_select; lower KL than deviation at the same
 # share on the embedded model, see docs/results.md), by layer-SELECT_LAYER KV deviation
 # (CacheBlend), or half by the question and half by deviation
-SELECTIONS = ("question", "early-question", "deviation", "both")
+SELECTIONS = ("question", "early-question", "deviation", "both", "leading")
 # question (all layers): on 12 held-out items at share 0.12, KL 0.365 of plain
 # concatenation's at 2.55x, against early-question's 0.431 at 2.76x (issue 44,
 # docs/results.md, session 24)
@@ -263,11 +263,13 @@ def _by_deviation(
     return score
 
 
-def leading_positions(pieces: Sequence[PlacedPiece], head_len: int) -> torch.Tensor:
-    """``[m]`` long: the first ``LEAD_TOKENS`` positions of each piece (at or after
+def leading_positions(
+    pieces: Sequence[PlacedPiece], head_len: int, tokens: int = LEAD_TOKENS
+) -> torch.Tensor:
+    """``[m]`` long: the first ``tokens`` positions of each piece (at or after
     ``head_len``), the pieces' first tokens first, so a short budget spreads over pieces."""
     order: list[int] = []
-    for offset in range(LEAD_TOKENS):
+    for offset in range(tokens):
         order += [
             p.start + offset for p in pieces if offset < p.length and p.start + offset >= head_len
         ]
@@ -298,14 +300,16 @@ def blend_prefix(
     (all of them when ``share >= 1``), ranked per ``select``: ``"deviation"`` at layer
     ``SELECT_LAYER``, ``"question"`` by the attention ``probe_ids`` (the prompt's tail
     after the prefix) pay them over the assembled prefix (``"early-question"``: in its
-    first layers only), ``"both"`` half by question and half by deviation. The question
-    selections take each piece's leading tokens first (:func:`leading_positions`).
+    first layers only), ``"both"`` half by question and half by deviation, ``"leading"``
+    each piece's first tokens alone (EPIC's static positions, arXiv 2410.15332: no pass
+    ranks them). The question selections take each piece's leading tokens first
+    (:func:`leading_positions`).
     Without ``probe_ids`` every selection ranks by deviation. ``head``: :func:`head_kv` of
     ``prefix_ids[:head_len]`` when the caller keeps it (one forward pass saved).
     """
     if select not in SELECTIONS:
         raise ValueError(f"unknown recompute selection {select!r}; one of {', '.join(SELECTIONS)}")
-    if not probe_ids:
+    if not probe_ids and select != "leading":
         select = "deviation"
     length = len(prefix_ids)
     head_layers = head if head is not None else head_kv(model, cache_kwarg, prefix_ids[:head_len])
@@ -321,6 +325,9 @@ def blend_prefix(
     count = min(len(body), math.ceil(share * len(body) - 1e-9)) if share > 0 else 0
     if count >= len(body):
         chosen[body] = True
+    elif count > 0 and select == "leading":  # EPIC's static positions: no probe pass
+        longest = max(piece.length for piece in pieces)
+        chosen[leading_positions(pieces, head_len, longest)[:count]] = True
     elif count > 0:
         by_question = {"deviation": 0, "both": count // 2}.get(select, count)
         if by_question:

@@ -340,15 +340,6 @@ class ModelRuntime:
         """The prompt head's KV (``[1, Hkv, len(head_ids), D]`` per layer), to keep and reuse."""
         return _blend.head_kv(self.model, self.cache_kwarg, head_ids)
 
-    def document_pieces(
-        self,
-        head_ids: Sequence[int],
-        bodies: Sequence[Sequence[int]],
-        head: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-    ) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Each body's full KV computed right after ``head_ids`` (see ``runtime.blend``)."""
-        return _blend.document_pieces(self.model, self.cache_kwarg, head_ids, bodies, head)
-
     def blend_prefix(
         self,
         prefix_ids: Sequence[int],

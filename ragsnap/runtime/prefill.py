@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from ragsnap.prompt.assembly import PromptLayout
 
 
+# why a press that asked for a query-aware prefill took the full path on a prefix hit
+PREFIX_LOADED = "the document prefix was loaded: only the tail is computed"
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -412,7 +416,7 @@ def propagation_plan(
     if not presses[0].window_only:
         return None, 1.0, f"press {presses[0].name!r} needs every prompt query"
     if start > 0:
-        return None, 1.0, "the document prefix was loaded: only the tail is computed"
+        return None, 1.0, PREFIX_LOADED
     split = LayerSplit(model, cache_kwarg, resolved.layer)
     if split.upper_slides and resolved.share < 1.0:
         return None, 1.0, "a sliding-window layer past the split needs contiguous positions"

@@ -26,10 +26,11 @@ import torch.nn.functional as F
 from ragsnap.compression import Press, compression_hooks
 from ragsnap.compression.hooks import CompressionRecorder, attention_modules, query_capture
 from ragsnap.compression.lookahead import lookahead_tokens
+from ragsnap.compression.propagate import propagation_of
 from ragsnap.runtime.drafts import Drafts
 from ragsnap.runtime.forward import BatchedKV, forward_rows, sliding_windows
 from ragsnap.runtime.kv import cache_from_layers, cache_nbytes
-from ragsnap.runtime.prefill import PrefillResult, window_floor
+from ragsnap.runtime.prefill import PREFIX_LOADED, PrefillResult, window_floor
 
 Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
@@ -152,6 +153,7 @@ def prefill_tails(
             kv_bytes_kept=cache_nbytes(cache),
             processed_tokens=prompt - starts[r],
             draft=drafts[r],
+            full_path_reason=PREFIX_LOADED if propagation_of(tail.press) is not None else None,
         )
 
     rows = range(len(tails))

@@ -116,9 +116,6 @@ class DocumentTier:
     def __init__(self, owner: TierOwner, blend_reason: str | None = None) -> None:
         self.owner, self.blend_reason = owner, blend_reason
 
-    def usable(self) -> bool:
-        return self.blend_reason is None
-
     def slots(self, layout: PromptLayout, namespace: str | None) -> list[DocumentSlot | None]:
         """Per document, its slot; None where its label does not tokenize apart from the body."""
         tokenizer = self.owner.loaded.tokenizer
