@@ -129,7 +129,12 @@ def corpus_top_k(services: Services, settings: Settings, top_k: int | None) -> i
             param="query",
             code="no_corpus",
         )
-    top_k = top_k if top_k is not None else settings.default_top_k
+    return check_top_k(top_k if top_k is not None else settings.default_top_k, settings)
+
+
+def check_top_k(top_k: int, settings: Settings) -> int:
+    """``top_k``, or a 422 past the server's limit (checked whenever a request gives it,
+    as the schema states it)."""
     if top_k > settings.max_top_k:
         raise ApiError(
             422, f"top_k: at most {settings.max_top_k}", param="top_k", code="invalid_value"
@@ -141,6 +146,8 @@ def resolve_documents(
     fields: RetrievalFields, services: Services, settings: Settings
 ) -> list[Document]:
     """The request's documents: given inline (within the limits) or found by ``query``."""
+    if fields.top_k is not None:
+        check_top_k(fields.top_k, settings)
     if fields.documents is not None and fields.query is not None:
         raise ApiError(
             422, "give documents or query, not both", param="query", code="invalid_value"

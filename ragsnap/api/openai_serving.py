@@ -21,7 +21,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ragsnap.api.answering import chat_context, inline_documents, resolve_documents
+from ragsnap.api.answering import (
+    chat_context,
+    check_top_k,
+    inline_documents,
+    resolve_documents,
+)
 from ragsnap.api.errors import ApiError
 from ragsnap.api.schemas import ChatCompletionRequest, DocumentIn
 from ragsnap.api.services import Services
@@ -123,8 +128,10 @@ def chat_documents(
         given = resolve_documents(body, services, settings)
     elif services.index is not None and not parsed.context_labelled:
         given = services.index.retrieve(
-            parsed.retrieval_query(), body.top_k or settings.default_top_k
+            parsed.retrieval_query(), check_top_k(body.top_k or settings.default_top_k, settings)
         )
+    elif body.top_k is not None:
+        check_top_k(body.top_k, settings)
     try:
         documents = parsed.documents(given)
     except InputError as exc:

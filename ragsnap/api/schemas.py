@@ -14,6 +14,7 @@ from pydantic import (
     WithJsonSchema,
     field_validator,
 )
+from pydantic.config import JsonDict
 
 from ragsnap.engine.press_settings import JsonBody, PressOverrides
 from ragsnap.prompt.assembly import DocumentOrder
@@ -39,7 +40,7 @@ Text = Annotated[str, AfterValidator(_no_surrogates)]
 Int64 = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX, lt=SEED_MAX + 1)]
 
 
-def _not_only(spaces: str) -> dict[str, str]:
+def _not_only(spaces: str) -> JsonDict:
     """A pattern: some character not in ``spaces`` (written as ``\\uXXXX`` ranges)."""
     runs: list[list[int]] = []
     for code in sorted(map(ord, spaces)):
@@ -156,7 +157,7 @@ class TurnIn(JsonBody):
 
 
 # as GenerationConfig checks them: at most 4 strings of 1 to 256 characters
-_STOP = {"type": "string", "minLength": 1, "maxLength": 256}
+_STOP: JsonDict = {"type": "string", "minLength": 1, "maxLength": 256}
 StopIn = Annotated[
     str | list[str] | None,
     WithJsonSchema(
@@ -166,7 +167,7 @@ StopIn = Annotated[
 
 
 # documents and a corpus query exclude each other (the server answers 422 to both)
-NOT_BOTH = {
+NOT_BOTH: JsonDict = {
     "not": {
         "required": ["documents", "query"],
         "properties": {"documents": {"type": "array"}, "query": {"type": "string"}},

@@ -179,7 +179,7 @@ def json_kinds(annotation: Any) -> frozenset[str]:
     simple = {type(None): "null", bool: "bool", str: "str", int: "int", float: "float"}
     if annotation in simple:
         # JSON Schema's integer includes 2.0, its number 2
-        return frozenset({"int", "float"}) if annotation in (int, float) else {simple[annotation]}
+        return frozenset({"int", "float"} if annotation in (int, float) else {simple[annotation]})
     if origin in (list, tuple) or annotation in (list, tuple):
         return frozenset({"list"})
     if origin is dict or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
