@@ -167,20 +167,20 @@ def missing_terms(
         held |= (claim_keys(document.title) | claim_keys(document.text)) & wanted
     out: dict[str, list[str]] = {kind: [] for kind in TERM_KINDS}
     vocabulary: set[str] | None = None
-    last = _unfinished(answer)
+    last = unfinished_at(answer)
     for kind, claim in terms:
         word = _word_at(answer, claim.start, claim.end)
         if claim.key in held or word in out[kind]:
             continue
         if kind in ("name", "opening"):  # the words only when a name is missing
             vocabulary = document_words(documents) if vocabulary is None else vocabulary
-            if garbled(word, vocabulary) or (claim.end >= last and _begins(word, vocabulary)):
+            if garbled(word, vocabulary) or (claim.end >= last and begins_word(word, vocabulary)):
                 continue
         out[kind].append(word)
     return out
 
 
-def _unfinished(answer: str) -> int:
+def unfinished_at(answer: str) -> int:
     """Where the last word of ``answer`` starts when the answer stops mid-sentence (no
     closing punctuation: the token limit cut it), else past its end."""
     text = answer.rstrip()
@@ -189,7 +189,7 @@ def _unfinished(answer: str) -> int:
     return len(text) - len(text.split()[-1])
 
 
-def _begins(word: str, vocabulary: Iterable[str]) -> bool:
+def begins_word(word: str, vocabulary: Iterable[str]) -> bool:
     """Whether a word of ``vocabulary`` (lower case) begins with ``word``."""
     w = word.lower()
     return any(v.startswith(w) for v in vocabulary)

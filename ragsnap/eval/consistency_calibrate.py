@@ -39,7 +39,7 @@ from typing import Any
 
 from ragsnap.citations.claims import claims
 from ragsnap.citations.lift import LiftRule, SupportFeatures
-from ragsnap.citations.named import document_words, garbled
+from ragsnap.citations.named import begins_word, document_words, garbled, unfinished_at
 from ragsnap.citations.sentences import split_sentences
 from ragsnap.eval.grounding_calibrate import best_bias
 from ragsnap.prompt.documents import Document
@@ -122,7 +122,13 @@ def fresh_names(row: dict[str, Any]) -> list[str]:
         return list(row["answer_missing"]["name"])
     docs = [Document(id=k, title=d["title"], text=d["text"]) for k, d in row["documents"].items()]
     vocabulary = document_words(docs)
-    return [w for w in row["answer_missing"]["name"] if not garbled(w, vocabulary)]
+    answer = row.get("model_answer", "").rstrip()
+    last = answer.split()[-1].strip(".,;:!?\"'()[]") if unfinished_at(answer) <= len(answer) else ""
+    return [
+        w
+        for w in row["answer_missing"]["name"]
+        if not garbled(w, vocabulary) and not (w == last and begins_word(w, vocabulary))
+    ]
 
 
 def replay(rule: LiftRule, row: dict[str, Any], *choice: Any) -> bool:
