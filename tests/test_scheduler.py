@@ -83,6 +83,22 @@ def engine_tiny():
     return engine
 
 
+def record_joins(requests: dict) -> list:
+    """The names of ``requests`` (name -> Collector) in the order their rows join the batch
+    (their meta event: the prefill is done)."""
+    joined: list = []
+    for name, r in requests.items():
+        emit = r.emit
+
+        def recording(event, name=name, emit=emit) -> None:
+            if isinstance(event, MetaEvent):
+                joined.append(name)
+            emit(event)
+
+        r.emit = recording  # type: ignore[method-assign]
+    return joined
+
+
 def run(engine, requests, max_batch=8, step_tokens=48):
     # idle_chunk: the tiny prompts prefill in several chunks even with nothing decoding
     scheduler = Scheduler(engine, max_batch=max_batch, step_tokens=step_tokens, idle_chunk=32)
@@ -419,16 +435,7 @@ def test_a_short_prompt_goes_first_behind_a_long_one_and_the_long_one_still_ends
         return Collector(words(start + 1, 4), docs, AnswerOptions(press, GenerationConfig(4)))
 
     long, middle, shorts = request(0, 700), request(5, 400), [request(9 + i, 40) for i in range(3)]
-    order: list[int] = []
-    for i, r in enumerate((long, middle, *shorts)):
-        emit = r.emit
-
-        def recording(event, i=i, emit=emit) -> None:
-            if isinstance(event, MetaEvent):  # the row joins the batch: its prefill is done
-                order.append(i)
-            emit(event)
-
-        r.emit = recording  # type: ignore[method-assign]
+    order = record_joins(dict(enumerate((long, middle, *shorts))))
     scheduler = Scheduler(engine_tiny, max_batch=8, step_tokens=48, idle_chunk=32)
     everyone = (long, middle, *shorts)
     for r in everyone:  # all waiting when the long one, first in line, starts
@@ -465,16 +472,7 @@ def test_a_prompt_that_goes_first_starts_beside_the_long_one_not_inside_it(
     )
     started: list = []
     nested: list[bool] = []
-    joined: list[str] = []
-    for name, r in (("long", long), ("short", short)):
-        emit = r.emit
-
-        def recording(event, name=name, emit=emit) -> None:
-            if isinstance(event, MetaEvent):  # the row joins the batch: its prefill is done
-                joined.append(name)
-            emit(event)
-
-        r.emit = recording  # type: ignore[method-assign]
+    joined = record_joins({"long": long, "short": short})
     real = engine_tiny.execute
 
     def execute(planned, chunk=None):

@@ -260,22 +260,11 @@ def draft_queries(
 
 
 def prefill(
-    model: Any,
-    cache_kwarg: str,
-    input_ids: Sequence[int],
-    presses: Press | Sequence[Press],
-    *,
-    cache: Any,
-    start: int = 0,
-    chunk: int | None = None,
-    on_chunk: Callable[[], None] | None = None,
-    **options: Any,
+    *args: Any, on_chunk: Callable[[], None] | None = None, **options: Any
 ) -> list[PrefillResult]:
-    """:func:`prefill_steps` drained (``on_chunk`` between chunks, see :func:`drain`)."""
-    steps = prefill_steps(
-        model, cache_kwarg, input_ids, presses, cache=cache, start=start, chunk=chunk, **options
-    )
-    results: list[PrefillResult] = drain(steps, on_chunk)
+    """:func:`prefill_steps` (same arguments) drained, ``on_chunk`` between chunks (see
+    :func:`drain`)."""
+    results: list[PrefillResult] = drain(prefill_steps(*args, **options), on_chunk)
     return results
 
 
