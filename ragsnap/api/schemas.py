@@ -16,7 +16,8 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
-from ragsnap.engine.press_settings import JsonBody, PressOverrides
+from ragsnap.engine.json_body import JsonBody
+from ragsnap.engine.press_settings import PressOverrides
 from ragsnap.prompt.assembly import DocumentOrder
 from ragsnap.runtime.generation import GREEDY_BELOW, MAX_TEMPERATURE, SEED_MAX, SEED_MIN
 
