@@ -27,7 +27,10 @@ from pathlib import Path
 
 import torch
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "bioasq" / "Task10BGoldenEnriched"
+DATA = (
+    Path(__file__).resolve().parents[2].parent
+    / "shared/data/bioasq/Task10BGoldenEnriched/10B1_golden.json"
+)
 
 
 def _store_bytes(folder: Path) -> int:

@@ -92,10 +92,12 @@ class EngineConfig(BaseSettings, PressSettings):
     )
     prefix_store: Literal["recurring", "always"] = Field(
         default="recurring",
-        description="when a document prefix is written to the store: once its document set "
-        "recurs (first seen, it is kept in this process's memory only), or after every miss",
+        description="when a miss's document prefix is written to the store with the "
+        "per-document tier off (with it on, always: the pieces point into it): once its "
+        "document set recurs (first seen, it is kept in this process's memory only), or "
+        "after every miss",
     )
-    # on since issue 44's targets held at n = 100 (docs/results.md, "Reuse on by default")
+    # on since issue 44's targets held at n = 100 (lab/results.md, "Reuse on by default")
     document_cache: bool = Field(
         default=True,
         description="keep each document's KV and reuse it in new combinations and orders, "

@@ -37,12 +37,12 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 SELECT_LAYER = 1
 # how the recomputed body tokens are chosen: by the question tail's attention over every
 # layer or over the first layers only (blend_select; lower KL than deviation at the same
-# share on the embedded model, see docs/results.md), by layer-SELECT_LAYER KV deviation
+# share on the embedded model, see lab/results.md), by layer-SELECT_LAYER KV deviation
 # (CacheBlend), or half by the question and half by deviation
 SELECTIONS = ("question", "early-question", "deviation", "both", "leading")
 # question (all layers): on 12 held-out items at share 0.12, KL 0.365 of plain
 # concatenation's at 2.55x, against early-question's 0.431 at 2.76x (issue 44,
-# docs/results.md, session 24)
+# lab/results.md, session 24)
 DEFAULT_SELECTION: Final = "question"
 # CacheBlend's share: on 12 held-out items (60+ of HotpotQA and BioASQ factoid) the first
 # share whose KL to the cold answer is under a third of plain concatenation's with the

@@ -27,7 +27,7 @@ Layers = list[tuple[torch.Tensor, torch.Tensor]]
 # the early probe's last layer: on the embedded model (30 layers) the tail's attention
 # summed over layers 0-7 chose tokens as well as all 30 layers did on 6 held-out items
 # (KL 0.320 vs 0.317 of plain concatenation's, share 0.15) for a quarter of the probe's
-# pass, but worse on 24 evaluated items (0.58 vs 0.44 at 0.12; issue 44, docs/results.md
+# pass, but worse on 24 evaluated items (0.58 vs 0.44 at 0.12; issue 44, lab/results.md
 # "Reuse: accuracy, citations and selection")
 EARLY_PROBE_LAYERS = 8
 

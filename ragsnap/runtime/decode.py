@@ -52,7 +52,7 @@ RESERVE_TOKENS = 256
 # the most tokens (rows x longest row, padding included) a pass with drafts feeds. On a
 # 2-core AVX2 CPU (embedded model, float32, 1 thread) a pass took 52 ms for 1 row of 1
 # token, 118 ms for 1 row of 5; 114 / 139 ms for 4 rows of 1 / 3; 139 / 250 ms for 8 rows
-# of 1 / 5: drafts paid at 1 and 4 rows, not at 8 (bench speculate, docs/results.md)
+# of 1 / 5: drafts paid at 1 and 4 rows, not at 8 (bench speculate, lab/results.md)
 DRAFT_PASS_TOKENS = 12
 
 # rows share a lane while its narrowest cache holds at least this share of its widest's
