@@ -18,10 +18,11 @@ question's names the documents never mention.
 :func:`answer_not_in_documents` (issue 53) reads the answer the same way: an answer from
 the model's own knowledge over documents that never mention it ("Alexander Graham Bell
 ... in 1876" over essays about startups) names what no document holds. Its terms are
-the answer's numbers, dates and names, a capitalized word opening one of its sentences
-("Paris is ...") and the words it shares with the question (the subject it restates:
-"telephone"); plain words of its own are left to the support check, since a paraphrase
-may choose them. A name the model garbles from a document's (:func:`garbled`: "Pembrol"
+the answer's numbers, dates and names and a capitalized word opening one of its sentences
+("Paris is ...") that the question does not use (what the question names is its own
+gate's, glosses exempt); plain words are left to the support check, since a paraphrase
+may choose them (the words the answer shares with the question, "telephone", are
+measured too: questions' verbs, "kept", are rarely in the documents). A name the model garbles from a document's (:func:`garbled`: "Pembrol"
 for "pembrolizumab", "BIM338" for "BYM338") is no new content and counts as found, and so
 does the last word of an answer that stops mid-sentence (cut by the token limit: "684,3"
 for "684,360") when a document word begins with it. Any
@@ -84,7 +85,8 @@ def not_in_documents(question: str, documents: Iterable[Document]) -> list[str]:
 
 
 # what a term of the answer is (:func:`answer_terms`): a number, date or name; a
-# capitalized word opening a sentence; a plain word the question also uses; another
+# capitalized word opening a sentence; a word the question also uses (its names are the
+# question's gate's, :func:`not_in_documents`, whose glosses need not be found); another
 TERM_KINDS = ("name", "opening", "asked", "plain")
 # the kinds whose absence from every document makes an answer not grounded (issue 53,
 # chosen on held-out rows: docs/grounding.md)
@@ -98,12 +100,12 @@ def answer_terms(answer: str, question: str = "") -> list[tuple[str, Claim]]:
     out: list[tuple[str, Claim]] = []
     for sentence in split_sentences(answer):
         for i, claim in enumerate(claims(sentence.text, sentence.start)):
-            if claim.kind in HARD_KINDS:
+            if claim.key in asked:  # the question's: its own gate (glosses exempt)
+                out.append(("asked", claim))
+            elif claim.kind in HARD_KINDS:
                 out.append(("name", claim))
             elif i == 0 and claim.text[:1].isupper():
                 out.append(("opening", claim))
-            elif claim.key in asked:
-                out.append(("asked", claim))
             else:
                 out.append(("plain", claim))
     return out

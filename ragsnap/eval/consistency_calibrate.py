@@ -95,7 +95,10 @@ def refused(
     (``support``) no supported sentence / an unsupported key sentence that is no plain
     paraphrase with a lift of at least ``rescue``."""
     missing = row.get("answer_missing", {})
-    if any(missing.get(kind) and (kind != "name" or fresh_names(row)) for kind in terms):
+    asked = {w.strip(".,;:!?\"'()[]").lower() for w in row.get("question", "").split()}
+    openers = [w for w in missing.get("opening", []) if w.lower() not in asked]
+    fresh = {"name": fresh_names(row) if missing.get("name") else [], "opening": openers}
+    if any(fresh.get(kind, missing.get(kind)) for kind in terms):
         return True
     field = RELATION_CHOICES[relation]
     if field == "question_lift":
@@ -115,18 +118,21 @@ def refused(
 
 
 def fresh_names(row: dict[str, Any]) -> list[str]:
-    """The row's missing names that are not garbled from a word of its cited documents
-    (rows recorded before :func:`ragsnap.citations.named.garbled` existed; the other
-    documents are not recorded, so this may keep a name another document holds)."""
-    if "documents" not in row:  # recorded with the check itself
-        return list(row["answer_missing"]["name"])
+    """The row's missing names the engine now lets pass, for rows recorded before those
+    rules: the question's own, garbled from a word of its cited documents, the unfinished
+    last word of a cut answer (the other documents are not recorded, so this may keep a
+    name another document holds)."""
+    asked = {w.strip(".,;:!?\"'()[]").lower() for w in row.get("question", "").split()}
+    names = [w for w in row["answer_missing"]["name"] if w.lower() not in asked]
+    if "documents" not in row:  # recorded with the checks themselves
+        return names
     docs = [Document(id=k, title=d["title"], text=d["text"]) for k, d in row["documents"].items()]
     vocabulary = document_words(docs)
     answer = row.get("model_answer", "").rstrip()
     last = answer.split()[-1].strip(".,;:!?\"'()[]") if unfinished_at(answer) <= len(answer) else ""
     return [
         w
-        for w in row["answer_missing"]["name"]
+        for w in names
         if not garbled(w, vocabulary) and not (w == last and begins_word(w, vocabulary))
     ]
 
