@@ -358,3 +358,41 @@ def test_the_last_word_of_an_answer_cut_mid_sentence_is_judged_as_a_prefix():
     assert answer_not_in_documents(cut, docs) == []
     assert answer_not_in_documents(cut + "4.", docs) == ["1974"]  # finished: judged whole
     assert answer_not_in_documents("Qinzhou is bigger than Paris", docs) == ["Paris"]
+
+
+def test_the_cli_names_a_rescued_sentence_a_paraphrase(capsys):
+    from ragsnap.cli.ask import print_summary
+    from tests.tiny_models import tiny_engine
+
+    done = tiny_engine("llama", seed=4).answer("Where is it?", [ROSETTA])
+    answer = "It can be seen by anyone at the British Museum."
+    span = (0, len(answer))
+    quote = Quote(ROSETTA.text, 0, 10, 1.0)
+    missing = (Span("seen", 10, 14),)
+    cited = Citation(
+        1,
+        "rosetta",
+        "Rosetta Stone",
+        supported=False,
+        spans=(span,),
+        quotes=(quote,),
+        unsupported=missing,
+    )
+    rescued = replace(
+        done,
+        answer=answer,
+        citations=[cited],
+        grounded=True,
+        grounded_score=0.7,
+        unsupported_sentences=[],
+    )
+    print_summary(rescued)
+    out = capsys.readouterr().out
+    assert "[1] Rosetta Stone PARAPHRASE (not in its quotes: seen)" in out
+    assert "grounded: yes" in out and "not backed by its quotes" not in out
+    refused = replace(
+        rescued, grounded=False, grounded_score=0.0, unsupported_sentences=[list(span)]
+    )
+    print_summary(refused)
+    out = capsys.readouterr().out
+    assert "UNSUPPORTED (not in its quotes: seen)" in out and "grounded: no" in out

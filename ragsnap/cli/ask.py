@@ -142,10 +142,14 @@ def print_summary(done: DoneEvent) -> None:
     if done.answer_with_markers:
         print(f"with markers: {done.answer_with_markers}")
     if done.citations:
+        listed = {tuple(span) for span in done.unsupported_sentences}
         for c in done.citations:
             kept = "" if c.kept_share is None else f" ({c.kept_share:.0%} of its tokens kept)"
             missing = ", ".join(u.text for u in c.unsupported)
             flag = "" if c.supported is not False else " UNSUPPORTED"
+            # issue 53: the verdict took the sentence as a paraphrase its quotes make likely
+            if missing and done.grounded and not any(tuple(s) in listed for s in c.spans):
+                flag = " PARAPHRASE"
             flag += f" (not in its quotes: {missing})" if missing else ""
             score = "" if c.score is None else f", score {c.score:.2f}"
             print(f"[{c.index}] {c.title or c.doc_id}{kept}{score}{flag}")
