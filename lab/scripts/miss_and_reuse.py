@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--item", type=int, default=0, help="which factoid question's snippets")
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--share", type=float, help="recompute share of a document hit")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -73,7 +74,9 @@ def main() -> None:
         ("same layout", questions[1], documents),
         ("reordered", questions[2], shuffled),
     ):
-        engine = RagSnapEngine(loaded, store=open_store(f"file://{folder}"), threads=args.threads)
+        settings = {} if args.share is None else {"recompute_share": args.share}
+        store = open_store(f"file://{folder}")
+        engine = RagSnapEngine(loaded, store=store, threads=args.threads, **settings)
         options = engine.default_options(
             document_order="given",
             generation=GenerationConfig(max_new_tokens=args.max_new_tokens),

@@ -44,11 +44,13 @@ SELECTIONS = ("question", "early-question", "deviation", "both", "leading")
 # concatenation's at 2.55x, against early-question's 0.431 at 2.76x (issue 44,
 # lab/results.md, session 24)
 DEFAULT_SELECTION: Final = "question"
-# CacheBlend's share: on 12 held-out items (60+ of HotpotQA and BioASQ factoid) the first
-# share whose KL to the cold answer is under a third of plain concatenation's with the
-# question selection (0.285; 0.12 gave 0.346), at 3.58x the cold first token (AMD EPYC,
-# float32, 1 thread; on a Xeon with AMX in bfloat16 about 2.35x). issue 44, session 26
-DEFAULT_RECOMPUTE_SHARE = 0.15
+# pieces cut from the prompts that first held them (ragsnap.cache.tiers.documents) already
+# carry their context: plain concatenation (0: only the labels recomputed, no ranking pass)
+# had KL 0.103 to the cold answer on items 1-10 of HotpotQA and BioASQ factoid, half of
+# what share 0.15 of pieces computed alone gave (0.199), at 2.4-2.7x the cold first token
+# against 1.35-1.5x for 0.15 (KL 0.064); accuracy and citation F1 equal to cold's (Xeon AMX,
+# bfloat16, 1 thread; issue 54, lab/results.md "Pieces from the prompt's own prefill")
+DEFAULT_RECOMPUTE_SHARE = 0.0
 # a question-driven selection always takes each piece's first LEAD_TOKENS body tokens (out
 # of its share): a piece computed alone put an attention sink there, which the assembled
 # prompt must not keep (EPIC, arXiv 2410.15332, recomputes each chunk's first tokens)
@@ -264,12 +266,13 @@ def _by_deviation(
 
 
 def leading_positions(
-    pieces: Sequence[PlacedPiece], head_len: int, tokens: int = LEAD_TOKENS
+    pieces: Sequence[PlacedPiece], head_len: int, tokens: int | None = None
 ) -> torch.Tensor:
-    """``[m]`` long: the first ``tokens`` positions of each piece (at or after
-    ``head_len``), the pieces' first tokens first, so a short budget spreads over pieces."""
+    """``[m]`` long: the first ``tokens`` (None: ``LEAD_TOKENS``) positions of each piece (at
+    or after ``head_len``), the pieces' first tokens first, so a short budget spreads over
+    pieces."""
     order: list[int] = []
-    for offset in range(tokens):
+    for offset in range(LEAD_TOKENS if tokens is None else tokens):
         order += [
             p.start + offset for p in pieces if offset < p.length and p.start + offset >= head_len
         ]

@@ -34,7 +34,7 @@ from ragsnap.cli.bench.reuse_items import DEFAULT_TYPES, NEEDLE_DIGITS, REUSE_FO
 from ragsnap.cli.options import add_dtype_option
 from ragsnap.cli.progress import loading_model
 from ragsnap.errors import ConfigError
-from ragsnap.runtime.blend import DEFAULT_RECOMPUTE_SHARE, DEFAULT_SELECTION, SELECTIONS
+from ragsnap.runtime.blend import DEFAULT_SELECTION, SELECTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=4096, help="prompt length in tokens")
     parser.add_argument(
         "--shares",
-        default=f"0,{DEFAULT_RECOMPUTE_SHARE},0.3,1",
+        default="0,0.05,0.15,1",
         help="recompute shares to measure (0: plain concatenation, 1: the cold prefix)",
     )
     parser.add_argument(
