@@ -64,6 +64,7 @@ def tiers_for(
     """The cache tiers ``config`` asks for on ``store`` (None: no store, or a disabled one)."""
     if store is None or not store.enabled:
         return None
+
     def dtype(name: str) -> torch.dtype | None:
         return None if name == "auto" else parse_dtype(name)
 

@@ -87,6 +87,14 @@ def stored_bytes(layers: Layers, dtype: torch.dtype | None) -> int:
     )
 
 
+def _storing(plan: Plan) -> bool:
+    """Whether executing ``plan`` leaves entries to store (not an exact hit, not while the
+    store is unavailable)."""
+    if isinstance(plan, ExactHit) or plan.report.status == "unavailable":
+        return False
+    return not isinstance(plan, Cold) or plan.storing
+
+
 def _remember(seen: OrderedDict[EntryKey, None], key: EntryKey) -> None:
     """Record ``key`` as the most recent of ``seen`` (the oldest past ``SEEN_PREFIXES`` go)."""
     seen[key] = None
@@ -115,17 +123,18 @@ class CachedPrefill:
         hit_memory_bytes: int = DEFAULT_HIT_MEMORY_BYTES,
     ) -> None:
         """``storage_dtype`` and ``prefix_dtype``: how compressed entries and document
-        prefixes are stored (None: the model's dtype). ``prefix_store``: when a computed document prefix is written to the store,
-        ``recurring`` (once its document set recurs; the first time it stays in this
-        process's prefix memory only) or ``always``. ``document_cache`` keeps each
-        document's KV for prompts that combine them anew (unless ``blend_reason`` says why
-        the model cannot assemble them); ``check_layers`` raises for layers that do not fit
-        the model (a loaded entry that does not is a miss); ``prefix_memory_bytes`` of the most recently used document prefixes stay in this
-        process's memory in front of the store (:mod:`ragsnap.cache.tiers.prefix_memory`);
-        compressed entries wait for their write after the answer in up to
-        ``unwritten_bytes`` of memory (:mod:`ragsnap.cache.tiers.unwritten`); the most recently
-        read or written ones stay loaded in up to ``hit_memory_bytes``
-        (:mod:`ragsnap.cache.tiers.hit_memory`)."""
+        prefixes are stored (None: the model's dtype). ``prefix_store``: when a computed
+        document prefix is written to the store, ``recurring`` (once its document set
+        recurs; the first time it stays in this process's prefix memory only) or
+        ``always``. ``document_cache`` keeps each document's KV for prompts that combine
+        them anew (unless ``blend_reason`` says why the model cannot assemble them);
+        ``check_layers`` raises for layers that do not fit the model (a loaded entry that
+        does not is a miss). ``prefix_memory_bytes`` of the most recently used document
+        prefixes stay in this process's memory in front of the store
+        (:mod:`ragsnap.cache.tiers.prefix_memory`); compressed entries wait for their write
+        after the answer in up to ``unwritten_bytes`` of memory
+        (:mod:`ragsnap.cache.tiers.unwritten`); the most recently read or written ones stay
+        loaded in up to ``hit_memory_bytes`` (:mod:`ragsnap.cache.tiers.hit_memory`)."""
         self.check_layers = check_layers
         self.loaded = loaded
         self.store = store
@@ -269,7 +278,7 @@ class CachedPrefill:
         if isinstance(plan, ExactHit):
             yield plan
             return
-        if isinstance(plan, Cold) and not plan.storing:
+        if not _storing(plan):
             yield None
             return
         with self.store.exclusive(plan.key, wait_s=FLIGHT_WAIT_S):
@@ -291,11 +300,8 @@ class CachedPrefill:
     def store_result(self, plan: Plan, result: PrefillResult) -> None:
         """Leave ``result`` (the prompt's compressed cache) to be written under the plan's
         key after the answer; nothing when the store is unavailable."""
-        if isinstance(plan, ExactHit) or plan.report.status == "unavailable":
-            return
-        if isinstance(plan, Cold) and not plan.storing:
-            return
-        self._put_later(plan.key, result, plan.report)
+        if _storing(plan):
+            self._put_later(plan.key, result, plan.report)
 
     def store_prefix(
         self,
@@ -307,7 +313,7 @@ class CachedPrefill:
         """Keep the document prefix ``prefix`` (``[1, Hkv, prefix_len, D]`` per layer) that
         executing ``plan`` computed or assembled: in memory, and written (see the module
         docstring) with the pieces of the documents it is the first to hold."""
-        if plan.report.status == "unavailable" or (isinstance(plan, Cold) and not plan.storing):
+        if not _storing(plan):
             return
         slots = self.documents.new_slots(plan, layout, namespace) if self.documents else []
         if not self.prefix_cache and not slots:

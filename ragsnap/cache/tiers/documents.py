@@ -18,6 +18,7 @@ another length is a miss (and deleted).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -219,7 +220,7 @@ class DocumentTier:
         model_id = self.owner.loaded.model_id
         for slot in slots:
             data = pointer_payload(slot, prefix, prefix_len, model_id)
-            report.pending.append((slot.key, lambda data=data: data))
+            report.pending.append((slot.key, functools.partial(bytes, data)))
             report.bytes_written += len(data)
 
 

@@ -158,20 +158,17 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     scratch = tempfile.TemporaryDirectory(prefix="ragsnap-bench-reuse-")
     store = open_store(f"file://{scratch.name}")
+    # one store and its tiers, read by one executor per variant (its share and selection)
+    stored = CachedPrefill(
+        runtime.loaded,
+        store,
+        runtime.cache_from,
+        prefix_cache=False,
+        document_cache=True,
+        blend_reason=runtime.blend_support(),
+    )
     tiers = {
-        name(share, select): PlanExecutor(
-            runtime,
-            CachedPrefill(
-                runtime.loaded,
-                store,
-                runtime.cache_from,
-                prefix_cache=False,
-                document_cache=True,
-                blend_reason=runtime.blend_support(),
-            ),
-            share,
-            select,
-        )
+        name(share, select): PlanExecutor(runtime, stored, share, select)
         for share, select in variants
     }
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
@@ -208,8 +205,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
             started = time.perf_counter()
             for i in range(0, args.pool, args.docs):
                 group = [passages[j].doc for j in window[i : i + args.docs]]
-                read = first.prefill(layout_of("Read.", group), press, "Read.", namespace)[1]
-                first.tiers.finish(read)
+                stored.finish(
+                    first.prefill(layout_of("Read.", group), press, "Read.", namespace)[1]
+                )
             read_s += _since(started)
         entry = passages[q]
         order = [q, *rng.sample([i for i in window if i != q], args.docs - 1)]
@@ -263,9 +261,9 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
                 "recomputed": report.recomputed_tokens,
                 **answer_scores(runtime, layout, question, reused, tokens, **target),
             }
-            tier.tiers.finish(report)  # its assembled prefix stays in memory only
+            stored.finish(report)
             store.delete(
-                tier.tiers.entry_keys(layout, press.config(), question, namespace)[0]
+                stored.entry_keys(layout, press.config(), question, namespace)[0]
             )  # no exact hit next
         rows.append(row)
         logger.info(
