@@ -154,7 +154,11 @@ def test_ask_json_and_summary_carry_the_verdict(tiny, tmp_path, capsys, monkeypa
     from ragsnap.cli import main
     from ragsnap.engine.engine import RagSnapEngine
 
-    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(lambda cls, *a, **k: tiny))
+    def from_config(cls, config, **_options):  # the tiny engine, with the command's settings
+        monkeypatch.setattr(tiny, "config", config)
+        return tiny
+
+    monkeypatch.setattr(RagSnapEngine, "from_config", classmethod(from_config))
     path = tmp_path / "tides.txt"
     path.write_text(DOCS[0]["text"], encoding="utf-8")
     argv = ["ask", "-q", QUESTION, "--docs", str(path), "--max-new-tokens", "6", "--cache", "none"]
