@@ -158,19 +158,23 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
     scratch = tempfile.TemporaryDirectory(prefix="ragsnap-bench-reuse-")
     store = open_store(f"file://{scratch.name}")
-    # one store and its tiers, read by one executor per variant (its share and selection)
-    stored = CachedPrefill(
-        runtime.loaded,
-        store,
-        runtime.cache_from,
-        prefix_cache=False,
-        document_cache=True,
-        blend_reason=runtime.blend_support(),
-    )
-    tiers = {
-        name(share, select): PlanExecutor(runtime, stored, share, select)
+    # per variant its own tiers (its own unwritten and loaded entries) on the one store
+    stores = {
+        name(share, select): CachedPrefill(
+            runtime.loaded,
+            store,
+            runtime.cache_from,
+            prefix_cache=False,
+            document_cache=True,
+            blend_reason=runtime.blend_support(),
+        )
         for share, select in variants
     }
+    tiers = {
+        name(share, select): PlanExecutor(runtime, stores[name(share, select)], share, select)
+        for share, select in variants
+    }
+    stored = next(iter(stores.values()))
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
     frame = assemble_prompt(tokenizer, "q", [], max_prompt_tokens=args.context).num_tokens
     per_doc = max(32, (args.context - frame - 48) // args.docs)
@@ -261,9 +265,8 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
                 "recomputed": report.recomputed_tokens,
                 **answer_scores(runtime, layout, question, reused, tokens, **target),
             }
-            stored.finish(report)
             store.delete(
-                stored.entry_keys(layout, press.config(), question, namespace)[0]
+                stores[share].entry_keys(layout, press.config(), question, namespace)[0]
             )  # no exact hit next
         rows.append(row)
         logger.info(
