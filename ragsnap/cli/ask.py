@@ -210,7 +210,13 @@ def grounding_line(done: DoneEvent) -> str:
 
 def _cache_detail(stats: AnswerStats) -> str:
     """Which path served the prefill, what it recomputed, the store's bytes."""
-    parts = [f"{stats.prefill_tokens} of {stats.prompt_tokens} tokens computed"]
+    # a miss's tail may recompute the last document positions its press's window covers
+    computed = stats.prefill_tokens
+    parts = [
+        f"{computed} of {stats.prompt_tokens} tokens computed"
+        if computed < stats.prompt_tokens
+        else f"{computed} tokens computed"
+    ]
     if stats.cache_tier == "documents":
         parts.append(
             f"{stats.reused_documents} documents reused, "
