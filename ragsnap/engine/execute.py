@@ -153,17 +153,15 @@ class PlanExecutor:
                     todo.append((prompt, hit))
             tails = [self._tail(prompt, hit) for prompt, hit in todo]
             runtime = self.runtime
-            groups = [tails] if runtime.tails_batchable(tails) else [[t] for t in tails]
-            computed = [
-                result
-                for group in groups
-                if group
-                for result in (
-                    runtime.prefill_tails(group)
-                    if runtime.tails_batchable(group)
-                    else [self._alone(group[0])]
-                )
-            ]
+            if runtime.tails_batchable(tails):
+                computed = runtime.prefill_tails(tails)
+            else:  # each alone: in shared passes where it can, else by the chunked prefill
+                computed = [
+                    runtime.prefill_tails([t])[0]
+                    if runtime.tails_batchable([t])
+                    else self._alone(t)
+                    for t in tails
+                ]
             for (_, hit), result in zip(todo, computed, strict=True):
                 results[hit.key] = result
                 self.tiers.store_result(hit, result)
