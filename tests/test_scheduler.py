@@ -497,6 +497,45 @@ def test_a_prompt_that_goes_first_starts_beside_the_long_one_not_inside_it(
     assert joined == ["short", "long"]  # it went first
 
 
+def test_a_request_looked_up_between_chunks_still_counts_as_waiting(
+    engine_tiny, monkeypatch
+) -> None:
+    """While the requests behind a long prompt are looked up between two of its chunks,
+    they stay in the queue's count, so a full queue keeps refusing (the server's 429)."""
+    press = make_press("snapkv", budget=24, window=8)
+    long = Collector(
+        words(1, 4),
+        [Document(id="l", title="t3", text=words(0, 600))],
+        AnswerOptions(press, GenerationConfig(4)),
+    )
+    behind = [
+        Collector(
+            words(9 + i, 4),
+            [Document(id=f"s{i}", title="t3", text=words(9 + i, 30 + 300 * i))],
+            AnswerOptions(press, GenerationConfig(4)),
+        )
+        for i in range(2)
+    ]
+    scheduler = Scheduler(engine_tiny, max_batch=8, step_tokens=48, idle_chunk=32)
+    seen: dict[str, list[int]] = {}
+    real = engine_tiny.lookup
+
+    def lookup(question, documents, options, namespace):
+        seen.setdefault(question, []).append(len(scheduler.waiting()))
+        return real(question, documents, options, namespace)
+
+    monkeypatch.setattr(engine_tiny, "lookup", lookup)
+    for r in (long, *behind):
+        scheduler.submit(r)
+    scheduler.start()
+    for r in (long, *behind):
+        assert r.closed.wait(120) and r.outcome == "ok", r.error
+    scheduler.stop()
+    # looked up between the long prompt's chunks: itself and the one behind it still wait;
+    # the second (too long to go first) kept its place and its lookup, and is not re-asked
+    assert seen[behind[0].question] == [2] and seen[behind[1].question] == [1]
+
+
 def test_admission_by_kv_memory_bounds_what_runs_and_refuses_what_never_fits(engine_tiny):
     from ragsnap.errors import KVMemoryError
 

@@ -191,6 +191,9 @@ class Scheduler:
         self.batch = engine.decode_batch()
         self.stats = StepStats()
         self._waiting: deque[Request] = deque()
+        # taken from the queue to be looked up between two chunks, not decided yet: they
+        # still count as waiting (a full queue refuses new requests meanwhile)
+        self._considering: list[Request] = []
         self._running: dict[int, _Running] = {}
         self._next_key = 0
         self._changed = threading.Condition()
@@ -260,7 +263,7 @@ class Scheduler:
 
     def waiting(self) -> list[Request]:
         with self._changed:
-            return list(self._waiting)
+            return [*self._considering, *self._waiting]
 
     @property
     def prefilling(self) -> list[Request]:
@@ -573,38 +576,49 @@ class Scheduler:
             self._finish_parked()
         with self._changed:
             candidates, self._waiting = list(self._waiting), deque()
+            self._considering = list(candidates)
         kept: list[Request] = []
         for request in candidates:
-            if request.is_cancelled():
-                self._deferred.pop(id(request), None)
-                request.close("cancelled")
-                continue
-            room = len(self._running) + len(self._parked) + len(self.prefilling)
-            if room >= self.max_batch or self._stopping:
-                kept.append(request)
-                continue
-            found = self._admissible(request)
-            if found is None:
-                if id(request) in self._deferred:  # waits for KV memory
+            keep = self._keeps_place(request, first)
+            with self._changed:
+                if keep:
                     kept.append(request)
-            elif isinstance(found, PreparedAnswer):
-                self._join(request, found)
-            elif isinstance(found, PendingAnswer):
-                if not self._parked:
-                    self._parked_since = time.perf_counter()
-                self._parked.append((request, found))
-            elif len(self._prefills) == 1 and self._goes_first(found, first):
-                first.let_by -= found.layout.num_tokens
-                self._start(request, found)
-            else:  # too long to go first: it keeps its place, and its lookup
-                self._deferred[id(request)] = found
-                kept.append(request)
+                else:
+                    self._considering.remove(request)
         with self._changed:  # ahead of those submitted meanwhile
+            self._considering = []
             if self._stopping:  # stop() has handed back the queue it found
                 for request in kept:
                     request.close("cancelled")
             else:
                 self._waiting.extendleft(reversed(kept))
+
+    def _keeps_place(self, request: Request, first: _Prefill) -> bool:
+        """Admit ``request`` between two chunks of ``first`` if it may go now (see
+        :meth:`_shorter_first`); True when it keeps its place in the queue instead."""
+        if request.is_cancelled():
+            self._deferred.pop(id(request), None)
+            request.close("cancelled")
+            return False
+        room = len(self._running) + len(self._parked) + len(self.prefilling)
+        if room >= self.max_batch or self._stopping:
+            return True
+        found = self._admissible(request)
+        if found is None:
+            return id(request) in self._deferred  # waits for KV memory
+        if isinstance(found, PreparedAnswer):
+            self._join(request, found)
+        elif isinstance(found, PendingAnswer):
+            if not self._parked:
+                self._parked_since = time.perf_counter()
+            self._parked.append((request, found))
+        elif len(self._prefills) == 1 and self._goes_first(found, first):
+            first.let_by -= found.layout.num_tokens
+            self._start(request, found)
+        else:  # too long to go first: it keeps its place, and its lookup
+            self._deferred[id(request)] = found
+            return True
+        return False
 
     def _join(self, request: Request, prepared: PreparedAnswer) -> None:
         """Add ``prepared``'s row to the batch: it decodes from the next step on."""
