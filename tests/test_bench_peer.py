@@ -88,12 +88,22 @@ def test_figures_agreement_and_ratios() -> None:
             "a",
             ok=True,
             ttft_s=0.5,
-            total_s=1.5,
+            last_token_s=1.5,
+            total_s=1.9,  # the citations after the last token are no decode time
             new_tokens=11,
             prompt_tokens=9,
             text="The answer is Paris [1].",
         ),
-        Outcome("b", ok=True, ttft_s=1.0, total_s=2.0, new_tokens=3, prompt_tokens=9, text="Rome"),
+        Outcome(
+            "b",
+            ok=True,
+            ttft_s=1.0,
+            last_token_s=2.0,
+            total_s=2.0,
+            new_tokens=3,
+            prompt_tokens=9,
+            text="Rome",
+        ),
         Outcome("c", error="HTTP 500: boom"),
     ]
     theirs = [

@@ -26,6 +26,7 @@ class Outcome:
     request_id: str
     ok: bool = False
     ttft_s: float | None = None
+    last_token_s: float | None = None  # when the last token arrived (the end of decoding)
     total_s: float = 0.0
     new_tokens: int = 0
     prompt_tokens: int | None = None
@@ -37,10 +38,13 @@ class Outcome:
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        """Tokens after the first over the time after the first (None for fewer than two)."""
-        if self.ttft_s is None or self.new_tokens < 2 or self.total_s <= self.ttft_s:
+        """Tokens after the first over the time from the first to the last (None for fewer
+        than two): what a reader of the stream sees, not the work after its last token
+        (ragsnap's citations and verdict, an OpenAI stream's usage chunk)."""
+        end = self.last_token_s
+        if self.ttft_s is None or end is None or self.new_tokens < 2 or end <= self.ttft_s:
             return None
-        return (self.new_tokens - 1) / (self.total_s - self.ttft_s)
+        return (self.new_tokens - 1) / (end - self.ttft_s)
 
 
 # the stages of a ragsnap answer that its statistics time (see ragsnap.engine.stats.AnswerStats)
@@ -86,7 +90,8 @@ def ragsnap_sender(base_url: str, max_new_tokens: int, compression: dict[str, An
                     if event == "meta":
                         outcome.prompt_tokens = int(data["prompt_tokens"])
                     elif event == "token" and data.get("text"):
-                        outcome.ttft_s = outcome.ttft_s or time.perf_counter() - started
+                        outcome.last_token_s = time.perf_counter() - started
+                        outcome.ttft_s = outcome.ttft_s or outcome.last_token_s
                     elif event == "done":
                         outcome.text = data["answer"]
                         outcome.new_tokens = int(data["stats"]["new_tokens"])
@@ -124,7 +129,8 @@ def completions_sender(base_url: str, max_new_tokens: int, stop_ids: Sequence[in
                 chunk = json.loads(line[5:])
                 for choice in chunk.get("choices") or []:
                     if choice.get("text"):
-                        outcome.ttft_s = outcome.ttft_s or time.perf_counter() - started
+                        outcome.last_token_s = time.perf_counter() - started
+                        outcome.ttft_s = outcome.ttft_s or outcome.last_token_s
                         pieces.append(choice["text"])
                 usage = chunk.get("usage")
                 if usage:
