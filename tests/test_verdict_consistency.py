@@ -16,7 +16,7 @@ from ragsnap.citations.lift import KeyEvidence, LiftRule, key_sentence, load_lif
 from ragsnap.citations.model import Citation, Quote, Span
 from ragsnap.citations.named import answer_not_in_documents, missing_terms
 from ragsnap.citations.options import CitationOptions
-from ragsnap.citations.relevance import plain_missing
+from ragsnap.citations.relevance import plain_missing, unlinked
 from ragsnap.citations.sentences import Sentence, split_sentences
 from ragsnap.citations.support import check_sentence
 from ragsnap.citations.verdict import consistent, grounding, judge
@@ -84,15 +84,17 @@ weights = st.floats(-6.0, 6.0, allow_nan=False)
         rescue_lift=st.floats(-1.0, 1.0),
         require_key=st.booleans(),
         question_floor=st.none() | st.floats(-1.0, 1.0),
+        link_check=st.booleans(),
     ),
     asked=st.none() | st.floats(-3.0, 3.0),
+    apart=st.none() | st.booleans(),
     lift=st.none() | st.floats(-3.0, 3.0),
     kind=st.sampled_from([0.0, 1.0]),
     coverage=st.floats(0.0, 1.0),
     abstain=st.booleans(),
 )
 def test_no_answer_whose_every_sentence_is_unsupported_is_grounded(
-    picks, cited, rule, asked, lift, kind, coverage, abstain
+    picks, cited, rule, asked, apart, lift, kind, coverage, abstain
 ):
     answer = " ".join(picks)
     sentences = split_sentences(answer)
@@ -104,7 +106,7 @@ def test_no_answer_whose_every_sentence_is_unsupported_is_grounded(
     ]
     key = key_sentence(answer, "Who invented the telephone?")
     plain = key is None or plain_missing(key, citations)
-    evidence = KeyEvidence(key, lift, plain, coverage, asked, kind)
+    evidence = KeyEvidence(key, lift, plain, coverage, asked, kind, unlinked=apart)
     options = CitationOptions(unsupported="abstain" if abstain else "flag")
     judged = judge(_done(answer, citations), options, evidence, rule)
     assert grounding(answer, citations).score == 0.0
@@ -396,3 +398,93 @@ def test_the_cli_names_a_rescued_sentence_a_paraphrase(capsys):
     print_summary(refused)
     out = capsys.readouterr().out
     assert "UNSUPPORTED (not in its quotes: seen)" in out and "grounded: no" in out
+
+
+# a HotpotQA-like bridge: the question names its subject, the answer's name sits in
+# another page that the subject's page names by title
+OAKHAM = Document(
+    id="oakham",
+    title="Oakham Castle",
+    text="Oakham Castle was built for Walchelin de Ferriers, captain of Richard I of England.",
+)
+RICHARD = Document(
+    id="richard",
+    title="Richard I of England",
+    text="Richard I was King of England. His mother was Eleanor of Aquitaine.",
+)
+BEAUFRANCHET = Document(
+    id="beaufranchet",
+    title="Jacques Beaufranchet (soldier)",
+    text="He left behind his wife, who was King Louis XV's mistress, Marie Louise Morphy.",
+)
+WALCHELIN = "Who is the mother of the king that Walchelin de Ferriers was principal captain to?"
+
+
+def test_an_answer_s_names_must_be_linked_to_the_question_s_subject():
+    """Issue 53, session 29: answers that do not answer. The answer's names are linked
+    when a document naming the question's subject holds them, or names (or is named by)
+    the document that does; a distractor's name is not; what cannot be checked is None."""
+    right = "The king's mother was Eleanor of Aquitaine."
+    copied = "The king's mother was Marie Louise Morphy, wife of Louis XV."
+    prompt = [OAKHAM, RICHARD, BEAUFRANCHET]
+    assert unlinked(WALCHELIN, right, prompt) is False  # by the title "Richard I of England"
+    assert unlinked(WALCHELIN, copied, prompt) is True
+    # the subject's own page holding the name links it
+    assert unlinked(WALCHELIN, "He was captain to Richard I.", prompt) is False
+    # the link is by the whole title (its qualifier dropped), read in either direction
+    named_back = replace(BEAUFRANCHET, text=BEAUFRANCHET.text + " Compare Oakham Castle.")
+    assert unlinked(WALCHELIN, copied, [OAKHAM, RICHARD, named_back]) is False
+    # nothing to check: the question names nothing, the answer supplies no name, or no
+    # document holds the answer's names (the answer gate's case) or the question's
+    assert unlinked("who was the king's mother?", copied, prompt) is None
+    assert unlinked(WALCHELIN, "It was the king's mother.", prompt) is None
+    assert unlinked(WALCHELIN, "It was Berengaria of Navarre.", prompt) is None
+    assert unlinked(WALCHELIN, copied, [BEAUFRANCHET]) is None
+
+
+def test_an_unlinked_answer_is_not_grounded_and_skips_the_likelihood_pass(monkeypatch):
+    from tests.test_likelihood_lift import counted_passes
+    from tests.tiny_models import tiny_engine
+
+    copied = "The king's mother was Marie Louise Morphy, wife of Louis XV."
+    span = (0, len(copied))
+    quote = Quote(BEAUFRANCHET.text, 0, len(BEAUFRANCHET.text), 1.0)
+    cited = [
+        Citation(
+            3, "beaufranchet", BEAUFRANCHET.title, supported=True, spans=(span,), quotes=(quote,)
+        )
+    ]
+    key = Sentence(copied, *span)
+    rule = LiftRule(0.0, 0.0, 0.0, 9.0, 1.0, link_check=True)
+    for apart, grounded in ((True, False), (False, True), (None, True)):
+        evidence = KeyEvidence(key, 0.5, unlinked=apart)
+        judged = judge(_done(copied, cited), CitationOptions(), evidence, rule)
+        assert judged.grounded is grounded, apart
+        judged = judge(
+            _done(copied, cited), CitationOptions(), evidence, replace(rule, link_check=False)
+        )
+        assert judged.grounded is True
+    assert (
+        judge(
+            _done(copied, cited),
+            CitationOptions(unsupported="abstain"),
+            KeyEvidence(key, 0.5, unlinked=True),
+            rule,
+        ).answer
+        == CitationOptions().abstain_text
+    )
+    # the engine finds it over the prompt's documents and needs no likelihood pass then
+    engine = tiny_engine("llama", seed=4)
+    calls = counted_passes(engine, monkeypatch)
+    engine.citing.lift_rule = replace(rule, question_floor=-0.1)
+    found = engine.citing.key_evidence(WALCHELIN, copied, cited, [OAKHAM, RICHARD, BEAUFRANCHET])
+    assert found.unlinked is True and calls == []
+    # linked (the distractor names the subject's page): the floor's pass runs
+    named_back = replace(BEAUFRANCHET, text=BEAUFRANCHET.text + " Compare Oakham Castle.")
+    found = engine.citing.key_evidence(WALCHELIN, copied, cited, [OAKHAM, RICHARD, named_back])
+    assert found.unlinked is False and calls == [2]
+
+
+def test_the_shipped_profile_checks_the_link():
+    rule = load_lift_rule(EMBEDDED)
+    assert rule is not None and rule.link_check and rule.question_floor == -0.3

@@ -85,3 +85,33 @@ def test_the_replay_refuses_what_the_engine_refuses(tmp_path):
         "checked": 2,
         "grounded_with_every_sentence_unsupported": 1,
     }
+
+
+def test_the_replay_refuses_an_unlinked_answer_and_reads_links_from_the_documents(tmp_path):
+    """Session 29: ``link`` relations refuse a row whose key sentence's names are not
+    linked to the question's subject; rows recorded before it get ``linked`` from every
+    prompt document (``--documents``, ``ragsnap.eval.item_documents``)."""
+    rule = LiftRule(0.0, 0.0, 0.0, 5.0, 1.0)
+    link = (("name", "opening"), "any_doc", -0.25, "link+qlift:-0.3")
+    assert cc.replay(rule, _row(linked=True), *link) and cc.replay(rule, _row(linked=None), *link)
+    assert not cc.replay(rule, _row(linked=False), *link)
+    assert not cc.replay(rule, _row(linked=True, question_lift=-0.5), *link)
+    assert cc.replay(rule, _row(linked=False), ("name", "opening"), "any_doc", -0.25, "qlift:-0.3")
+    question = "Which village is the lager Fucking Hell named after?"
+    row = _row(id="q1", correct=False, question=question)
+    row["model_answer"] = "The lager Fucking Hell is named after Chopper Heavy."
+    docs = {
+        "q1": {
+            "docs": [
+                {"id": "a", "title": "Black Metal Sacrifice", "text": "Sons of Fucking Hell."},
+                {"id": "b", "title": "Chopper Heavy", "text": "Chopper Heavy is a lager."},
+            ]
+        }
+    }
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps({"answerable": [], "unanswerable": [row]}))
+    [(read, label)] = cc.labelled_rows([path], docs)
+    assert label == 0 and read["linked"] is False
+    docs["q1"]["docs"][0]["text"] += " Chopper Heavy covered it."
+    assert cc.labelled_rows([path], docs)[0][0]["linked"] is True
+    assert "linked" not in cc.labelled_rows([path])[0][0]  # no documents: left unknown

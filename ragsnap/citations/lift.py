@@ -56,7 +56,9 @@ class LiftRule:
     ``rescue_plain``, whose missing claims are plain words only (else any claim some
     document holds: the answer gate has refused the rest); with ``question_floor`` an answer whose key sentence's quotes
     make the question less likely than that (``Q`` below it: quotes about something
-    else, the model's judgement) is not grounded."""
+    else, the model's judgement) is not grounded; with ``link_check`` (session 29)
+    neither is one whose key sentence's names sit only in documents not linked to the
+    question's subject (:func:`ragsnap.citations.relevance.unlinked`)."""
 
     lexical: float
     answer: float
@@ -73,6 +75,7 @@ class LiftRule:
     rescue_plain: bool = True
     require_key: bool = False
     question_floor: float | None = None
+    link_check: bool = False
 
     def __post_init__(self) -> None:
         values = [self.lexical, self.answer, self.lift, self.bias, self.coverage]
@@ -174,7 +177,9 @@ class KeyEvidence:
     missing claims are plain words, the question's coverage by its cited documents,
     whether the answer supplies the kind of thing asked, the question's numbers and names
     no document of the prompt mentions, and the answer's (issue 53,
-    :func:`ragsnap.citations.named.answer_not_in_documents`)."""
+    :func:`ragsnap.citations.named.answer_not_in_documents`), and whether the key
+    sentence's names stand apart from the question's subject
+    (:func:`ragsnap.citations.relevance.unlinked`; None: not checked)."""
 
     key: Sentence | None
     lift: float | None
@@ -184,6 +189,7 @@ class KeyEvidence:
     kind: float = 1.0
     not_in_documents: tuple[str, ...] = ()
     answer_not_in_documents: tuple[str, ...] = ()
+    unlinked: bool | None = None
 
 
 def key_sentence(answer: str, question: str) -> Sentence | None:

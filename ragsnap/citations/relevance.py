@@ -12,11 +12,17 @@ Two cheap signs, read from words alone:
 - whether the key sentence's *missing* claims (what no quote backs) are plain words only
   or include a number, a date or a name: a likelihood rescue is allowed only for the
   former (a quote's vocabulary makes fluent text likelier whether or not an invented
-  name is in it).
+  name is in it);
+- (issue 53, session 29) whether the names the answer supplies are *linked* to what the
+  question asks about (:func:`unlinked`): held by a document that names the question's
+  subject, or by one that such a document names by title (or that names it). With the
+  answer's own documents gone, the model copies a name from a document about something
+  else, which neither names the subject nor links to a document that does.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
 from ragsnap.citations.claims import claim_keys, claims
@@ -25,6 +31,8 @@ from ragsnap.citations.sentences import Sentence
 from ragsnap.prompt.documents import Document
 
 HARD_KINDS = frozenset({"number", "entity"})
+# a title's trailing qualifier: "The Nanny (season 1)", "Chopper Heavy (beer)"
+_QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
 
 
 def missing_kinds(sentence: Sentence, citations: Sequence[Citation]) -> set[str]:
@@ -75,3 +83,50 @@ def answer_coverage(
     cited = {c.index for c in citations if 0 < c.index <= len(documents)}
     texts = [t for i in sorted(cited) for t in (documents[i - 1].title, documents[i - 1].text)]
     return coverage(question, texts, HARD_KINDS)
+
+
+def _title_pattern(title: str) -> re.Pattern[str] | None:
+    """``title`` without a trailing parenthesized qualifier ("The Nanny (season 1)": "The
+    Nanny"), as a case-insensitive whole-word pattern; None when under 3 characters."""
+    bare = _QUALIFIER.sub("", title).strip()
+    if len(bare) < 3:
+        return None
+    return re.compile(rf"(?<!\w){re.escape(bare)}(?!\w)", re.IGNORECASE)
+
+
+def unlinked(question: str, sentence: str, documents: Sequence[Document]) -> bool | None:
+    """Whether the names and numbers ``sentence`` (the answer's key sentence) supplies
+    stand apart from what ``question`` asks about, by the prompt's ``documents`` (issue 53,
+    session 29: answers that do not answer). The subject's documents are those holding
+    one of the question's numbers and names (title or text); the answer's, those holding
+    one of the sentence's numbers and names the question does not make. They are linked
+    when one document is both, or one names the other by its title ("Oakham Castle"
+    naming "Walchelin de Ferriers"; a bridge entity's page named by the subject's page).
+    True when none is linked (a copied distractor sentence: its name sits in documents
+    about something else), False when one is, None when it cannot be checked: the
+    question names nothing, the sentence supplies no number or name, or no document holds
+    one side (what no document names is the named gates' to judge)."""
+    asked = {c.key for c in claims(question) if c.kind in HARD_KINDS}
+    if not asked:
+        return None
+    said = claim_keys(question)
+    supplied = {c.key for c in claims(sentence) if c.kind in HARD_KINDS and c.key not in said}
+    if not supplied:
+        return None
+    keys = [claim_keys(d.title) | claim_keys(d.text) for d in documents]
+    subject = [d for d, k in zip(documents, keys, strict=True) if k & asked]
+    answer = [d for d, k in zip(documents, keys, strict=True) if k & supplied]
+    if not subject or not answer:
+        return None
+    for doc in answer:
+        if any(doc is s for s in subject):
+            return False
+        mine = _title_pattern(doc.title)
+        body = f"{doc.title}\n{doc.text}"
+        for other in subject:
+            theirs = _title_pattern(other.title)
+            if mine is not None and mine.search(f"{other.title}\n{other.text}"):
+                return False
+            if theirs is not None and theirs.search(body):
+                return False
+    return True

@@ -8,7 +8,10 @@ whose sentences its quotes support, unless the likelihood shows its key sentence
 a paraphrase of them (lift at least the rule's ``rescue_lift``; with ``rescue_plain``
 only plain words missing); a sentence so rescued leaves ``unsupported``. With the rule's
 ``question_floor``, quotes that do not make the question likelier to the model (about
-something else than what was asked) do not ground the answer either.
+something else than what was asked) do not ground the answer either, and with its
+``link_check`` (session 29) neither does a name the answer supplies that only documents
+unlinked to the question's subject hold (:func:`ragsnap.citations.relevance.unlinked`:
+an answer that does not answer).
 """
 
 from __future__ import annotations
@@ -102,7 +105,9 @@ def consistent(
 ) -> Verdict:
     """``verdict`` held to its evidence: not grounded (score 0.0) when ``evidence`` lists
     words of the answer no document mentions, when the question's lift given the key
-    sentence's quotes is below the rule's ``question_floor``, or when the lexical
+    sentence's quotes is below the rule's ``question_floor``, when (the rule's
+    ``link_check``) the key sentence's names sit only in documents not linked to the
+    question's subject (``evidence.unlinked``), or when the lexical
     ``share`` is 0 (no sentence supported; with the rule's ``require_key``: the key
     sentence unsupported) and the key sentence is no paraphrase the lift rescues; a
     rescued key sentence is taken off ``unsupported``."""
@@ -116,6 +121,8 @@ def consistent(
     floor = rule.question_floor if rule is not None else None
     asked = evidence.question_lift if evidence is not None else None
     if floor is not None and asked is not None and asked < floor:
+        return refused
+    if rule is not None and rule.link_check and evidence is not None and evidence.unlinked:
         return refused
     key = evidence.key if evidence is not None else None
     span = (key.start, key.end) if key is not None else None

@@ -25,7 +25,7 @@ from ragsnap.citations.lift import (
 )
 from ragsnap.citations.markers import MarkerConstraint, marker_candidates, vocabulary_texts
 from ragsnap.citations.named import answer_not_in_documents, not_in_documents
-from ragsnap.citations.relevance import answer_coverage, plain_missing
+from ragsnap.citations.relevance import answer_coverage, plain_missing, unlinked
 from ragsnap.citations.sentences import Sentence
 from ragsnap.citations.support import SupportRule
 from ragsnap.citations.verdict import grounding, judge
@@ -142,7 +142,9 @@ class AnswerCiting:
         as citations count them; 1.0 without documents), whether the answer supplies the
         kind of thing asked (lexical, :mod:`ragsnap.citations.asked`), the question's
         numbers and names no document holds and the answer's
-        (:mod:`ragsnap.citations.named`), and the lifts: the key sentence's and, when the
+        (:mod:`ragsnap.citations.named`), whether the key sentence's names stand apart
+        from the question's subject (:func:`ragsnap.citations.relevance.unlinked`), and
+        the lifts: the key sentence's and, when the
         rule reads it, the question's given its quotes, both rows in one short pass. The
         pass is skipped (lifts 0.0) when the lexical features already decide the verdict
         (``gate``), a rescue of the key sentence included
@@ -166,7 +168,8 @@ class AnswerCiting:
         if key is None:
             return found
         quotes = sentence_quotes(key, citations)
-        found = replace(found, key=key, plain=plain_missing(key, citations))
+        apart = unlinked(question, key.text, documents) if documents else None
+        found = replace(found, key=key, plain=plain_missing(key, citations), unlinked=apart)
         if not quotes:
             return found
         rule = self.lift_rule
@@ -182,6 +185,8 @@ class AnswerCiting:
             unbacked = not lexical.score or (rule.require_key and not known.key_supported)
             floor = rule.question_floor is not None
             if invented or (unbacked and rule.rescue_plain and not found.plain):
+                settled = False
+            if rule.link_check and apart:
                 settled = False
             # a floor on the question's lift is read whenever the answer may be grounded
             if settled is False or (settled is True and not unbacked and not floor):

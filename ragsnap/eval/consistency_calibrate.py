@@ -16,7 +16,9 @@ rule, then :func:`ragsnap.citations.verdict.consistent`) under each choice of
   document must (``cited_docs``, ``ent_all``), or the key sentence's quotes must make
   the question at least this much likelier to the model (``qlift:X``, the row's
   ``question_lift``: the model's judgement that they are about what was asked; no key
-  sentence quoted, no judgement);
+  sentence quoted, no judgement), or (session 29, ``link``, ``link+qlift:X``) the
+  documents holding the key sentence's names must be linked to the question's subject
+  (the row's ``linked``; from ``--documents`` for rows recorded before it);
 
 with the profile's weights and its bias refitted for both floors
 (:func:`ragsnap.eval.grounding_calibrate.best_bias`). Positives are right answers to
@@ -38,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from ragsnap.citations.claims import claims
-from ragsnap.citations.lift import LiftRule, SupportFeatures
+from ragsnap.citations.lift import LiftRule, SupportFeatures, key_sentence
 from ragsnap.citations.named import begins_word, document_words, garbled, unfinished_at
+from ragsnap.citations.relevance import unlinked
 from ragsnap.citations.sentences import split_sentences
 from ragsnap.eval.grounding_calibrate import best_bias
 from ragsnap.prompt.documents import Document
@@ -58,18 +61,42 @@ RELATION_CHOICES = {"off": None, "key_docs": "ent_docs", "cited_docs": "ent_all"
 RELATION_CHOICES |= {
     f"qlift:{x}": "question_lift" for x in (-0.5, -0.4, -0.3, -0.2, -0.1, 0.0, 0.1)
 }
+# (session 29) the answer's names must be linked to the question's subject by the prompt's
+# documents (the row's ``linked``), alone or with a floor on the question's lift
+RELATION_CHOICES |= {"link": "linked"}
+RELATION_CHOICES |= {
+    f"link+qlift:{x}": "linked+question_lift" for x in (-0.5, -0.4, -0.3, -0.2, -0.1, 0.0)
+}
 
 
-def labelled_rows(paths: Sequence[Path]) -> list[tuple[dict[str, Any], int]]:
+def labelled_rows(
+    paths: Sequence[Path], documents: dict[str, Any] | None = None
+) -> list[tuple[dict[str, Any], int]]:
     """(row, 1 for a right answerable answer / 0 for an unanswerable one) per row with a
-    lexical score (answerable answers that are wrong are left out)."""
+    lexical score (answerable answers that are wrong are left out); rows recorded
+    without ``linked`` get it from ``documents`` (``ragsnap.eval.item_documents``)."""
     out = []
     for path in paths:
         data = json.loads(path.read_text(encoding="utf-8"))
+        for row in data["answerable"] + data["unanswerable"]:
+            if "linked" not in row and documents and row["id"] in documents:
+                row["linked"] = link(row, documents[row["id"]]["docs"])
         sets = [(r, 1) for r in data["answerable"] if r["correct"]]
         sets += [(r, 0) for r in data["unanswerable"]]
         out += [(r, y) for r, y in sets if r["lexical_score"] is not None]
     return out
+
+
+def link(row: dict[str, Any], docs: Sequence[dict[str, str]]) -> bool | None:
+    """The row's ``linked`` (:func:`ragsnap.citations.relevance.unlinked`, negated) from
+    every document of its prompt."""
+    answer = row["model_answer"]
+    key = key_sentence(answer, row["question"])
+    if key is None:
+        return None
+    prompt = [Document(id=d["id"], title=d["title"], text=d["text"]) for d in docs]
+    apart = unlinked(row["question"], key.text, prompt)
+    return None if apart is None else not apart
 
 
 def features(row: dict[str, Any]) -> SupportFeatures:
@@ -101,6 +128,10 @@ def refused(
     if any(fresh.get(kind, missing.get(kind)) for kind in terms):
         return True
     field = RELATION_CHOICES[relation]
+    if field is not None and field.startswith("linked"):
+        if row.get("linked") is False:
+            return True
+        field = field.removeprefix("linked").removeprefix("+") or None
     if field == "question_lift":
         lift = row.get("question_lift")
         if lift is not None and lift < float(relation.split(":")[1]):
@@ -202,10 +233,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ship", help="TERMS,SUPPORT,RESCUE,RELATION (name_opening,any,0,off)")
     parser.add_argument("--out", type=Path, help="write the profile with --ship here")
     parser.add_argument("--keep-bias", action="store_true", help="ship the profile's bias")
+    parser.add_argument(
+        "--documents",
+        type=Path,
+        action="append",
+        default=[],
+        help="every prompt's documents (ragsnap.eval.item_documents), for rows without 'linked'",
+    )
     args = parser.parse_args(argv)
     profile = json.loads(args.profile.read_text(encoding="utf-8"))
     rule = LiftRule(**profile["rule"])
-    data = labelled_rows(args.rows)
+    documents: dict[str, Any] = {}
+    for path in args.documents:
+        documents |= json.loads(path.read_text(encoding="utf-8"))
+    data = labelled_rows(args.rows, documents)
     report: dict[str, Any] = {
         "n_positive": sum(y for _, y in data),
         "n_negative": sum(1 - y for _, y in data),
@@ -240,13 +281,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         terms, support, rescue, relation = args.ship.split(",")
         choice = (TERM_CHOICES[terms], support, float(rescue), relation)
         fitted = rule if args.keep_bias else rebias(rule, data, choice, *floors)
-        floor = float(relation.split(":")[1]) if relation.startswith("qlift:") else None
+        floor = float(relation.split(":")[1]) if "qlift:" in relation else None
         fitted = replace(
             fitted,
             question_floor=floor,
             rescue_lift=float(rescue),
             rescue_plain=not support.endswith("_doc"),
             require_key=support.startswith("key"),
+            link_check=relation.startswith("link"),
         )
         profile["rule"] = {
             k: (round(v, 6) if isinstance(v, float) else v) for k, v in vars(fitted).items()
@@ -259,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "calibrated_on": [p.name for p in args.rows],
             "held_out": rates(fitted, data, *choice),
             "held_out_per_file": {
-                p.name: rates(fitted, labelled_rows([p]), *choice) for p in args.rows
+                p.name: rates(fitted, labelled_rows([p], documents), *choice) for p in args.rows
             },
         }
         args.out.write_text(json.dumps(profile, indent=2) + "\n", encoding="utf-8")

@@ -170,7 +170,9 @@ def answer_features(
     key sentence's quotes, its cited documents, all cited documents; ``ent_``: its
     numbers and names only), the question's names no document holds and ``named`` (1.0:
     none), and per term kind the answer's words no document holds (``answer_missing``,
-    :func:`ragsnap.citations.named.missing_terms`)."""
+    :func:`ragsnap.citations.named.missing_terms`) and whether the key sentence's names
+    are linked to the question's subject (``linked``, :func:`ragsnap.citations.relevance.unlinked`;
+    None: not checkable)."""
     lexical: Verdict = grounding(answer, citations)
     found = engine.citing.key_evidence(question, answer, list(citations), cited, gate=False)
     key = found.key
@@ -193,6 +195,7 @@ def answer_features(
         "coverage": found.coverage,
         "not_in_documents": list(found.not_in_documents),
         "named": 0.0 if found.not_in_documents else 1.0,
+        "linked": None if found.unlinked is None else not found.unlinked,
         "answer_missing": missing_terms(answer, cited, question),
         "cov_answer": coverage(question, [answer]),
         "cov_quotes": coverage(question, quotes),
