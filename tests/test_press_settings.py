@@ -41,6 +41,7 @@ def test_a_ratio_replaces_the_default_budget_and_a_request_size_replaces_the_pai
     ("given", "field"),
     [
         ({"budget": 16, "window": 32}, "budget"),
+        ({"decode_slack": 8, "decode_window": 16}, "decode_window"),
         ({"kernel": 4}, "kernel"),
         ({"budget": 0}, "budget"),
     ],

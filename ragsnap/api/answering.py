@@ -19,6 +19,7 @@ from ragsnap.engine.events import DoneEvent, MetaEvent
 from ragsnap.engine.request_options import answer_options as request_options
 from ragsnap.errors import ConfigError
 from ragsnap.prompt.assembly import ChatContext, DocumentOrder, Turn
+from ragsnap.prompt.chat import unique_ids
 from ragsnap.prompt.documents import Document
 
 # GenerationConfig's fields: a ConfigError naming one is about a top-level request field
@@ -39,6 +40,9 @@ def check_question(question: str, settings: Settings, param: str = "question") -
 
 
 def inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> list[Document]:
+    """The body's documents within the server's limits (413 over one). An id given twice:
+    the same document again counts once; another document with it is cited as ``id~2``
+    (``~3``...), as the chat route names repeated ids (:func:`ragsnap.prompt.chat.unique_ids`)."""
     if len(documents) > settings.max_documents:
         raise ApiError(
             413,
@@ -47,7 +51,7 @@ def inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> lis
             code="too_many_documents",
         )
     out: list[Document] = []
-    seen: set[str] = set()
+    seen: set[Document] = set()
     total = 0
     for i, doc in enumerate(documents):
         size = len(doc.text.encode("utf-8")) + len(doc.title.encode("utf-8"))
@@ -58,17 +62,16 @@ def inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> lis
                 param=f"documents[{i}].text",
                 code="document_too_large",
             )
-        total += size
-        doc_id = str(doc.id) if doc.id is not None else str(i + 1)
-        if doc_id in seen:
-            raise ApiError(
-                422,
-                f"documents[{i}].id: duplicate id {doc_id!r}",
-                param=f"documents[{i}].id",
-                code="invalid_value",
-            )
-        seen.add(doc_id)
-        out.append(Document(id=doc_id, text=doc.text, title=doc.title, format=doc.format))
+        given = Document(
+            id=str(doc.id) if doc.id is not None else str(i + 1),
+            text=doc.text,
+            title=doc.title,
+            format=doc.format,
+        )
+        if given not in seen:  # the same document twice is one document
+            seen.add(given)
+            total += size
+            out.append(given)
     if total > settings.max_total_bytes:
         raise ApiError(
             413,
@@ -76,7 +79,7 @@ def inline_documents(documents: Sequence[DocumentIn], settings: Settings) -> lis
             param="documents",
             code="documents_too_large",
         )
-    return out
+    return unique_ids(out)
 
 
 def check_tokens(
@@ -145,7 +148,8 @@ def check_top_k(top_k: int, settings: Settings) -> int:
 def resolve_documents(
     fields: RetrievalFields, services: Services, settings: Settings
 ) -> list[Document]:
-    """The request's documents: given inline (within the limits) or found by ``query``."""
+    """The request's documents: given inline (within the limits) or found by ``query``
+    (maybe none)."""
     if fields.top_k is not None:
         check_top_k(fields.top_k, settings)
     if fields.documents is not None and fields.query is not None:
@@ -167,12 +171,8 @@ def resolve_documents(
         )
     top_k = corpus_top_k(services, settings, fields.top_k)
     assert services.index is not None
-    found = services.index.retrieve(fields.query, top_k)
-    if not found:
-        raise ApiError(
-            422, "query: no passage of the corpus matches", param="query", code="no_passages"
-        )
-    return found
+    # no passage found: an answer over none (not grounded), as a chat's own search gets
+    return services.index.retrieve(fields.query, top_k)
 
 
 def chat_context(

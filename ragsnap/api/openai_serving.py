@@ -6,7 +6,8 @@
 - Messages become question, instructions, history and documents by the rules of
   :mod:`ragsnap.prompt.chat`. Documents come from the body (``documents``, or ``query``
   over the corpus), else from the messages' context, else, when the server has a corpus,
-  from searching it with the conversation's standalone question.
+  from searching it with the conversation's standalone question; with none, the answer is
+  over no documents (not grounded, as when a search finds nothing).
 - Citations travel three ways, for three kinds of client: top-level ``citations`` (the
   ``openai`` client's ``model_extra``), ``message.annotations`` / the final
   ``delta.annotations`` (OpenAI's ``url_citation`` shape, ``url`` = ``ragsnap:doc/<id>``,
@@ -122,7 +123,8 @@ def chat_documents(
     settings: Settings,
 ) -> list[Document]:
     """The body's documents, else the messages' context, else a corpus search with the
-    conversation's standalone question (no passage found: an answer over none)."""
+    conversation's standalone question (no passage found: an answer over none; with no
+    corpus and no documents anywhere, an answer over none too, not grounded)."""
     given: list[Document] | None = None
     if body.documents is not None or body.query is not None:
         given = resolve_documents(body, services, settings)
@@ -132,10 +134,7 @@ def chat_documents(
         )
     elif body.top_k is not None:
         check_top_k(body.top_k, settings)
-    try:
-        documents = parsed.documents(given)
-    except InputError as exc:
-        raise ApiError(400, exc.message, param=exc.field) from None
+    documents = parsed.documents(given, required=False)
     if given is None:  # from the messages: the same limits as documents in the body
         inline_documents(
             [DocumentIn(id=d.id, title=d.title, text=d.text) for d in documents], settings

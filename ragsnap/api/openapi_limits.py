@@ -6,10 +6,12 @@ decide, where JSON Schema can say it: the most documents, the longest question, 
 answer and ``top_k``; the deepest ``propagate_layer``; without a corpus, no ``query`` and no
 ``/v1/search``; which press takes which option (the default press is the server's); the
 OpenAI fields the chat route accepts, with the values it accepts them with. A schema-valid
-request is then accepted, except for what JSON Schema cannot compare (a budget below the
-window, a decode window over its slack, duplicate document ids), read (which message of a
-chat holds the question), look up (a query no passage matches) or count (bytes and tokens:
-413).
+request is then accepted, except for what JSON Schema cannot read (a chat's last user
+message whose labels leave no question: only context, a bare ``Question:``) or count (bytes
+and tokens: 413). What it cannot compare or look up has a meaning instead, stated in the
+fields' descriptions: a budget below the window shrinks the window, a decode window over its
+slack is the slack, an id given twice names one document or is made unique (``id~2``), a
+query no passage matches gets an answer over no documents.
 """
 
 from __future__ import annotations

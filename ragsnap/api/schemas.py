@@ -13,6 +13,7 @@ from pydantic import (
     Field,
     WithJsonSchema,
     field_validator,
+    model_validator,
 )
 from pydantic.config import JsonDict
 
@@ -76,7 +77,9 @@ class DocumentIn(JsonBody):
 
     id: Text | Int64 | None = Field(
         default=None,
-        description="stable id, echoed in citations",
+        description="stable id, echoed in citations. An id given twice: the same document "
+        "again (same title, text and format) counts once; another document keeps its place "
+        "and is cited as `<id>~2` (then `~3`...)",
         json_schema_extra={"minLength": 1, "maxLength": _MAX_ID},  # a text id: _id_shape
     )
     title: Text = Field(default="", max_length=_MAX_TITLE)
@@ -131,7 +134,8 @@ class RetrievalFields(JsonBody):
         default=None,
         min_length=1,
         max_length=4_000,
-        description="search the corpus",
+        description="search the corpus; a query no passage matches gets an answer over no "
+        "documents (not grounded: grounded is false)",
         json_schema_extra=NOT_BLANK,
     )
     top_k: int | None = Field(
@@ -307,24 +311,58 @@ class TextPart(JsonBody):
     text: Text = Field(max_length=_MAX_TEXT)
 
 
-def _no_tool_traffic(schema: dict[str, Any]) -> None:
-    """Tool messages and tool calls are refused (400): the schema offers none."""
+# a user message's content: text with more than whitespace, as a string or in some part
+USER_TEXT: JsonDict = {
+    "anyOf": [
+        {"type": "string", **NOT_BLANK},
+        {
+            "type": "array",
+            "contains": {
+                "type": "object",
+                "required": ["text"],
+                "properties": {"text": {"type": "string", **NOT_BLANK}},
+            },
+        },
+    ]
+}
+ROLE_USER: JsonDict = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {"role": {"const": "user"}},
+}
+
+
+def _message_schema(schema: dict[str, Any]) -> None:
+    """Tool messages and tool calls are refused (400): the schema offers none. A user
+    message holds text (a blank one is refused: 400)."""
     properties = schema["properties"]
     properties["role"]["enum"] = [r for r in properties["role"]["enum"] if r != "tool"]
     for name in ("tool_calls", "function_call"):
         properties[name] = {"enum": [None, False, 0, "", [], {}], "description": "not supported"}
+    schema["if"] = ROLE_USER
+    schema["then"] = {"required": ["content"], "properties": {"content": USER_TEXT}}
 
 
 class ChatMessage(JsonBody):
-    model_config = ConfigDict(extra="allow", json_schema_extra=_no_tool_traffic)
+    model_config = ConfigDict(extra="allow", json_schema_extra=_message_schema)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = Field(default=None, max_length=_MAX_TEXT)
+    content: Text | list[TextPart] | None = Field(
+        default=None,
+        max_length=_MAX_TEXT,
+        description="a user message's: text with more than whitespace",
+    )
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
+
+    @model_validator(mode="after")
+    def _user_text(self) -> ChatMessage:
+        if self.role == "user" and not self.text().strip():
+            raise ValueError("a user message must hold text (more than whitespace)")
+        return self
 
 
 class StreamOptions(JsonBody):
@@ -340,7 +378,12 @@ class ChatCompletionRequest(RetrievalFields):
     model_config = ConfigDict(extra="allow", json_schema_extra=NOT_BOTH)
 
     model: Text = Field(min_length=1, max_length=256)
-    messages: list[ChatMessage] = Field(min_length=1, max_length=256)
+    messages: list[ChatMessage] = Field(
+        min_length=1,
+        max_length=256,
+        description="at least one user message (the last one holds the question)",
+        json_schema_extra={"contains": ROLE_USER},
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)

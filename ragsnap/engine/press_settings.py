@@ -62,7 +62,7 @@ class PressSettings(BaseModel):
         default=DEFAULT_BUDGET,
         ge=1,
         le=1_000_000,
-        description="tokens kept per KV head, window included (at least the window)",
+        description="tokens kept per KV head, window included (configured: at least the window)",
     )
     ratio: float | None = Field(
         default=None,
@@ -163,6 +163,14 @@ class PressSettings(BaseModel):
             raise ValueError(f"budget ({value}) must be at least the window ({window})")
         return value
 
+    @field_validator("decode_window")
+    @classmethod
+    def _decode_window_fits(cls, value: int | None, info: ValidationInfo) -> int | None:
+        slack = info.data.get("decode_slack")  # declared before the window: validated first
+        if value is not None and slack is not None and value > slack:
+            raise ValueError(f"decode window ({value}) must be at most the slack ({slack})")
+        return value
+
 
 # the request's name of a setting that the configuration calls otherwise
 REQUEST_NAMES = {"default_press": "press"}
@@ -183,11 +191,14 @@ def bounds(info: FieldInfo) -> dict[str, Any]:
     return out
 
 
-def override(name: str, description: str | None = None) -> Any:
+def override(name: str, description: str | None = None, also: str | None = None) -> Any:
     """The field of setting ``name`` for a request: the same bounds and meaning (or
-    ``description``), unset by default (then the server's setting decides)."""
+    ``description``), and what ``also`` holds of a request's value, unset by default (then
+    the server's setting decides)."""
     info = PressSettings.model_fields[name]
     meaning = description or info.description
+    if also:
+        meaning = f"{meaning}; {also}"
     return Field(
         default=None, description=f"{meaning}. Unset: the server's setting", **bounds(info)
     )
@@ -210,9 +221,17 @@ class PressOverrides(JsonBody):
     press: RequestPressName | None = override(
         "default_press", "the press that compresses the prompt's KV"
     )
-    budget: int | None = override("budget")
+    budget: int | None = override(
+        "budget",
+        also="a request's budget below the window (its own or the server's) keeps the last "
+        "budget tokens: the window shrinks to the budget",
+    )
     ratio: float | None = override("ratio")
-    window: int | None = override("window")
+    window: int | None = override(
+        "window",
+        also="at most the budget (the request's or the server's): a larger window shrinks "
+        "to the budget",
+    )
     kernel: int | None = override("kernel")
     pooling: Literal["max", "avg"] | None = override("pooling")
     keep_instruction: bool | None = override("keep_instruction")
@@ -222,7 +241,10 @@ class PressOverrides(JsonBody):
     propagate_share: float | None = override("propagate_share")
     full_prefill: bool | None = override("full_prefill")
     decode_slack: int | None = override("decode_slack")
-    decode_window: int | None = override("decode_window")
+    decode_window: int | None = override(
+        "decode_window",
+        also="a request's window over the slack (its own or the server's) is the slack",
+    )
 
     @model_validator(mode="after")
     def _one_size(self) -> PressOverrides:

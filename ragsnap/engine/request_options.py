@@ -34,7 +34,8 @@ def _given(value: Any, default: Any) -> Any:
 
 def resolve_press(config: EngineConfig, overrides: PressOverrides | None = None) -> Press:
     """The press ``overrides`` ask for over ``config``'s press settings. A size (``budget``
-    or ``ratio``) given replaces the configured one as a pair. Raises
+    or ``ratio``) given replaces the configured one as a pair; a budget below the window
+    (either given or configured) shrinks the window to it. Raises
     :class:`~ragsnap.errors.ConfigError` naming the option a press refuses."""
     given = overrides or PressOverrides()
     name = given.press or config.default_press
@@ -54,6 +55,9 @@ def resolve_press(config: EngineConfig, overrides: PressOverrides | None = None)
             options[key] = getattr(config, key)
     if "profile" in takes:
         options["profile"] = config.layer_profile
+    if options["budget"] is not None and options.get("window", 0) > options["budget"]:
+        # the budget is what is kept, window included: a smaller one shrinks the window
+        options["window"] = options["budget"]
     press = make_press(name, **options)
     return without_propagation(press) if given.full_prefill or config.full_prefill else press
 
@@ -61,12 +65,14 @@ def resolve_press(config: EngineConfig, overrides: PressOverrides | None = None)
 def resolve_decode(
     config: EngineConfig, overrides: PressOverrides | None = None
 ) -> DecodeSnapKV | None:
-    """Decode-phase SnapKV as ``overrides`` ask over ``config`` (None: off)."""
+    """Decode-phase SnapKV as ``overrides`` ask over ``config`` (None: off); a window over
+    the slack (either given or configured) is the slack."""
     given = overrides or PressOverrides()
-    return decode_compression(
-        _given(given.decode_slack, config.decode_slack),
-        _given(given.decode_window, config.decode_window),
-    )
+    slack = _given(given.decode_slack, config.decode_slack)
+    window = _given(given.decode_window, config.decode_window)
+    if slack is not None and window is not None:
+        window = min(window, slack)  # the answer tokens that vote fit in the slack
+    return decode_compression(slack, window)
 
 
 def answer_options(

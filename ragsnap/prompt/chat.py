@@ -24,6 +24,7 @@ messages. How they become a ragsnap answer:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,17 +79,20 @@ class ParsedChat:
         earlier = [t.text.strip() for t in self.history if t.role == "user"][-QUERY_TURNS:]
         return " ".join([*earlier, self.question])
 
-    def documents(self, given: Sequence[Document] | None) -> list[Document]:
+    def documents(
+        self, given: Sequence[Document] | None, *, required: bool = True
+    ) -> list[Document]:
         """``given`` documents (a call's or a retriever's), then those of the messages.
 
         With neither, the unlabelled system text becomes the context; with none at all
-        (``given is None`` and nothing in the messages) an :class:`InputError` says so.
+        (``given is None`` and nothing in the messages) an :class:`InputError` says so,
+        unless not ``required`` (then: none, an answer over no documents).
         """
         found = list(given or []) + self.context
         if not found and given is None and not self.context_labelled and self.system_instructions:
             found = documents_from_context(self.system_instructions)
             self.system_instructions = ""  # that text was the context, not instructions
-        if not found and given is None:
+        if not found and given is None and required:
             raise InputError(
                 "no documents: pass documents, bind a retriever or put the context in a "
                 "system or user message ('Context: ...')",
@@ -107,7 +111,7 @@ def unique_ids(documents: Sequence[Document]) -> list[Document]:
             n += 1
             unique = f"{doc.id}~{n}"
         seen.add(unique)
-        out.append(doc if unique == doc.id else Document(unique, doc.text, doc.title, doc.metadata))
+        out.append(doc if unique == doc.id else dataclasses.replace(doc, id=unique))
     return out
 
 
