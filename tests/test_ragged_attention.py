@@ -43,3 +43,28 @@ def test_ragged_rows_match_one_padded_call_in_few_calls(monkeypatch):
     ragged = masked_sdpa(query, key, value, mask, widths=widths)
     assert torch.allclose(ragged, padded, atol=1e-6)
     assert calls == [3, 2, 3, 1, 1]  # the runs of like widths, never one call per row
+
+
+def test_stacked_query_heads_give_each_query_head_its_kv_head_and_mask_row():
+    """Several queries per row: the query heads of a KV head are stacked along the query
+    axis; the result is that of every query head attending its own KV head, with a causal
+    mask and a per-KV-head bias."""
+    torch.manual_seed(1)
+    rows, hq, hkv, d, kv = 3, 6, 2, 8, 20
+    key, value = torch.randn(rows, hkv, kv, d), torch.randn(rows, hkv, kv, d)
+    for q in (1, 5):
+        query = torch.randn(rows, hq, q, d)
+        visible = torch.arange(kv).view(1, -1) <= torch.arange(kv - q, kv).view(-1, 1)
+        causal = torch.zeros(q, kv).masked_fill(~visible, float("-inf"))
+        bias = torch.randn(rows, hkv, 1, kv)  # each KV head its own logit bias
+        for mask in (causal.expand(rows, 1, q, kv), causal + bias):
+            expected = F.scaled_dot_product_attention(
+                query,
+                key.repeat_interleave(hq // hkv, dim=1),
+                value.repeat_interleave(hq // hkv, dim=1),
+                attn_mask=mask.repeat_interleave(hq // hkv, dim=1)
+                if mask.shape[1] > 1
+                else mask,
+            )
+            got = masked_sdpa(query, key, value, mask)  # [B, q, Hq, D]
+            assert torch.allclose(got.transpose(1, 2), expected, atol=1e-5), (q, mask.shape)

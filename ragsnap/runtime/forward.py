@@ -252,16 +252,17 @@ class BatchedKV:
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Put the pass's new entries (``[B, Hkv, q, D]``) right after each row's entries."""
         q_len = keys.shape[2]
-        at = self.lengths[:, layer].to(keys.device)
         if q_len == 1:
+            at = self.lengths[:, layer].to(keys.device)
             rows = torch.arange(self.rows, device=keys.device)
             self.keys[layer][rows, :, at] = keys[:, :, 0]
             self.values[layer][rows, :, at] = values[:, :, 0]
             return
-        index = at.view(-1, 1, 1, 1) + torch.arange(q_len, device=keys.device).view(1, 1, -1, 1)
-        index = index.expand(-1, keys.shape[1], -1, keys.shape[3])
-        self.keys[layer].scatter_(2, index, keys)
-        self.values[layer].scatter_(2, index, values)
+        # one slice copy per row: scatter_ over the buffer took 0.45 ms (600 entries per
+        # row) to 2.4 ms (3.5K) per call on a CPU, against 25 us for 8 rows' slices
+        for row, start in enumerate(self.lengths[:, layer].tolist()):
+            self.keys[layer][row, :, start : start + q_len] = keys[row]
+            self.values[layer][row, :, start : start + q_len] = values[row]
 
     def advance(self, counts: Sequence[int]) -> None:
         """After a pass: row ``r`` keeps ``counts[r]`` new entries (the rest was padding)."""
