@@ -156,8 +156,9 @@ def test_the_schema_states_the_user_message_rules(client):
     # what the meanings are, where a client reads the fields
     compression = schema["CompressionIn"]["properties"]
     assert "the window shrinks to the budget" in compression["budget"]["description"]
-    assert "over the slack (its own or the server's) is the slack" in (
-        compression["decode_window"]["description"]
+    assert (
+        "over the slack (its own or the server's) is the slack"
+        in (compression["decode_window"]["description"])
     )
     assert "`<id>~2`" in schema["DocumentIn"]["properties"]["id"]["description"]
 

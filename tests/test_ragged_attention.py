@@ -62,9 +62,7 @@ def test_stacked_query_heads_give_each_query_head_its_kv_head_and_mask_row():
                 query,
                 key.repeat_interleave(hq // hkv, dim=1),
                 value.repeat_interleave(hq // hkv, dim=1),
-                attn_mask=mask.repeat_interleave(hq // hkv, dim=1)
-                if mask.shape[1] > 1
-                else mask,
+                attn_mask=mask.repeat_interleave(hq // hkv, dim=1) if mask.shape[1] > 1 else mask,
             )
             got = masked_sdpa(query, key, value, mask)  # [B, q, Hq, D]
             assert torch.allclose(got.transpose(1, 2), expected, atol=1e-5), (q, mask.shape)

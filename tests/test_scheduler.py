@@ -425,6 +425,80 @@ def test_prefix_hits_waiting_together_are_finished_together(engine_tiny, tmp_pat
     assert [r.done.answer for r in staggered] == [r.done.answer for r in alone]
 
 
+def test_a_greedy_answer_s_first_token_goes_out_before_its_press_compresses(
+    engine_tiny, tmp_path, monkeypatch
+) -> None:
+    """A greedy answer's first token is sent once its prompt's last logits exist, before the
+    lookahead draft and the compression (a miss, and prefix hits finished together), after
+    a meta event whose kept tokens are not known yet; the answers are those of the
+    in-process path, which sends no token early. A sampled answer waits for its row."""
+    from ragsnap.cache import open_store
+    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.runtime.generation import GenerationConfig
+
+    engine = RagSnapEngine(
+        engine_tiny.loaded, store=open_store(f"file://{tmp_path}"), prefix_store="always"
+    )
+    engine.runtime.stop_ids.clear()
+    log: list[tuple[str, str]] = []
+
+    def logged(real):
+        def run(*args, **kwargs):
+            result = yield from real(*args, **kwargs)
+            log.append(("computed", ""))
+            return result
+
+        return run
+
+    monkeypatch.setattr(engine, "execute", logged(engine.execute))
+    monkeypatch.setattr(engine, "finish_prefix_hits", logged(engine.finish_prefix_hits))
+    press = make_press("ragsnap-lookahead", budget=24, window=8)
+    docs = [[Document(id=f"d{i}", title="t3", text=words(9 * i, 90))] for i in range(3)]
+
+    def asked(question: str, documents, generation=GenerationConfig(5)) -> Collector:
+        request = Collector(question, documents, AnswerOptions(press, generation))
+        emit = request.emit
+
+        def recording(event) -> None:
+            log.append((type(event).__name__, question))
+            emit(event)
+
+        request.emit = recording  # type: ignore[method-assign]
+        return request
+
+    def answered(requests) -> list[Collector]:
+        log.clear()
+        scheduler = Scheduler(engine, max_batch=8, step_tokens=48, idle_chunk=32)
+        for r in requests:
+            scheduler.submit(r)
+        scheduler.start()
+        for r in requests:
+            assert r.closed.wait(60) and r.outcome == "ok", r.error
+        scheduler.stop()
+        return requests
+
+    misses = answered([asked(words(50 + i, 4), d) for i, d in enumerate(docs)])
+    assert [r.done.stats.cache for r in misses] == ["miss"] * 3
+    first = log[:3]  # the first miss: its meta and first token come before its compression
+    assert first == [
+        ("MetaEvent", misses[0].question),
+        ("TokenEvent", misses[0].question),
+        ("computed", ""),
+    ]
+    hits = answered([asked(words(70 + i, 4), d) for i, d in enumerate(docs)])
+    assert [r.done.stats.cache for r in hits] == ["prefix-hit"] * 3
+    # the group's first tokens, every one, before the group's draft and compression end
+    assert [kind for kind, _ in log[:7]] == ["MetaEvent", "TokenEvent"] * 3 + ["computed"]
+    for r in misses + hits:
+        meta = next(e for e in r.events if isinstance(e, MetaEvent))
+        assert meta.kept_tokens is None and r.done.stats.kept_tokens > 0
+        alone = engine.answer(r.question, r.documents, r.options)
+        assert r.done.answer == alone.answer and r.done.stats.new_tokens == 5
+    sampled = answered([asked(words(90, 4), docs[0], GenerationConfig(5, temperature=0.8))])
+    meta = next(e for e in sampled[0].events if isinstance(e, MetaEvent))
+    assert meta.kept_tokens is not None and log.index(("computed", "")) == 0
+
+
 def test_a_short_prompt_goes_first_behind_a_long_one_and_the_long_one_still_ends(
     engine_tiny,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -352,4 +353,6 @@ async def collect_answer(job: AnswerJob, request: Request) -> tuple[MetaEvent, D
         raise ApiError(
             499 if job.cancelled.is_set() else 500, "the answer was cancelled", code="cancelled"
         )
+    if meta.kept_tokens is None:  # sent before compression: the whole answer knows it
+        meta = dataclasses.replace(meta, kept_tokens=done.stats.kept_tokens)
     return meta, done

@@ -31,7 +31,7 @@ from ragsnap.citations.support import SupportRule
 from ragsnap.citations.verdict import grounding, judge
 from ragsnap.compression.layer_budgets import model_fingerprint
 from ragsnap.engine.events import CitationsEvent, DoneEvent
-from ragsnap.engine.prepared import PreparedAnswer
+from ragsnap.engine.prepared import PlannedAnswer, PreparedAnswer
 from ragsnap.prompt.documents import Document
 from ragsnap.prompt.support_prompt import support_prompts
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
@@ -49,7 +49,7 @@ class AnswerCiting:
         # the calibrated likelihood rule of this model (issue 43); None: lexical verdict
         self.lift_rule: LiftRule | None = load_lift_rule(model_fingerprint(runtime.model.config))
 
-    def logits_processor(self, prepared: PreparedAnswer) -> LogitsProcessor | None:
+    def logits_processor(self, prepared: PreparedAnswer | PlannedAnswer) -> LogitsProcessor | None:
         """The per-row decode constraint of ``prepared`` (marker control), or None."""
         if not prepared.options.citations.marker_control:
             return None

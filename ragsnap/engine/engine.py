@@ -40,7 +40,7 @@ from ragsnap.prompt.order import fit_prompt
 from ragsnap.runtime.decode import DecodeBatch, DecodeRow, LogitsProcessor
 from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.loading.models import EMBEDDED, LoadedModel
-from ragsnap.runtime.prefill import ChunkStep, PrefillResult, drain
+from ragsnap.runtime.prefill import PrefillResult, PromptLogits, Step, drain
 
 __all__ = [
     "AnswerOptions",
@@ -206,17 +206,19 @@ class RagSnapEngine:
 
     def execute(
         self, planned: PlannedAnswer, chunk: int | None = None
-    ) -> Generator[ChunkStep, None, PreparedAnswer]:
-        """Execute ``planned``'s plan: a :class:`~ragsnap.runtime.prefill.ChunkStep` before
-        each prefill chunk of ``chunk`` tokens, then the answer ready to decode (the entries
-        it computed are written after the answer, :meth:`store_pending`)."""
+    ) -> Generator[Step, None, PreparedAnswer]:
+        """Execute ``planned``'s plan: a ``ChunkStep`` before each prefill chunk of ``chunk``
+        tokens (and ``PromptLogits`` once the last logits exist), then the answer ready to
+        decode (its entries are written after the answer, :meth:`store_pending`)."""
         result = yield from self.executor.execute(planned.prompt, chunk)
         return planned.prepared(result)
 
-    def finish_prefix_hits(self, pending: Sequence[PendingAnswer]) -> list[PreparedAnswer]:
-        """Finish the tails of ``pending`` together; each is then ready to decode (its
-        entry is written by :meth:`finish` or :meth:`store_pending`)."""
-        results = self.executor.finish_prefix_hits([p.prompt for p in pending])
+    def finish_prefix_hits(
+        self, pending: Sequence[PendingAnswer]
+    ) -> Generator[PromptLogits, None, list[PreparedAnswer]]:
+        """Finish the tails of ``pending`` together (their last logits yielded first); each
+        is then ready to decode (its entry written by :meth:`finish`, :meth:`store_pending`)."""
+        results = yield from self.executor.finish_prefix_hits([p.prompt for p in pending])
         return [p.prepared(result) for p, result in zip(pending, results, strict=True)]
 
     def prepare(
@@ -247,7 +249,7 @@ class RagSnapEngine:
     def kv_bytes_per_token(self) -> int:
         return self.runtime.kv_bytes_per_token()
 
-    def logits_processor(self, prepared: PreparedAnswer) -> LogitsProcessor | None:
+    def logits_processor(self, prepared: PreparedAnswer | PlannedAnswer) -> LogitsProcessor | None:
         """The per-row decode constraint of ``prepared`` (marker control), or None."""
         return self.citing.logits_processor(prepared)
 

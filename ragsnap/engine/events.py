@@ -12,10 +12,12 @@ from ragsnap.engine.stats import AnswerStats
 
 @dataclass
 class MetaEvent:
-    """Sent once, before the first token: what the prompt became and where it came from."""
+    """Sent once, before the first token: what the prompt became and where it came from.
+    ``kept_tokens`` is None when the first token goes out before the press compressed the
+    prompt (the ``done`` event's statistics then give it)."""
 
     prompt_tokens: int
-    kept_tokens: int
+    kept_tokens: int | None
     cache: str
     documents: list[
         dict[str, Any]

@@ -23,6 +23,8 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
 from ragsnap.cache.report import CacheReport
 from ragsnap.cache.tiers.plans import Cold, DocumentHit, ExactHit, Lookup, Plan, PrefixHit
 from ragsnap.compression import Press
@@ -34,7 +36,7 @@ from ragsnap.prompt.structure import prompt_roles
 from ragsnap.runtime.blend import PlacedPiece
 from ragsnap.runtime.kv import cache_nbytes, crop_layers
 from ragsnap.runtime.model_runtime import ModelRuntime
-from ragsnap.runtime.prefill import ChunkStep, PrefillResult, drain, tail_start
+from ragsnap.runtime.prefill import PrefillResult, PromptLogits, Step, drain, tail_start
 from ragsnap.runtime.tails import Tail
 
 if TYPE_CHECKING:
@@ -97,7 +99,7 @@ class PlanExecutor:
 
     def execute(
         self, prompt: PlannedPrompt, chunk: int | None = None
-    ) -> Generator[ChunkStep, None, PrefillResult]:
+    ) -> Generator[Step, None, PrefillResult]:
         """The prompt's compressed cache: a :class:`ChunkStep` before each prefill chunk of
         ``chunk`` tokens (None: the runtime's), the result at the end."""
         plan, tiers = prompt.plan, self.tiers
@@ -106,7 +108,8 @@ class PlanExecutor:
         if isinstance(plan, ExactHit):
             return self.from_stored(plan)
         if isinstance(plan, PrefixHit):
-            return self.finish_prefix_hits([prompt])[0]
+            results = yield from self.finish_prefix_hits([prompt])
+            return results[0]
         with tiers.computing(plan) as stored:  # one request computes an entry
             if stored is not None:
                 return self.from_stored(stored)
@@ -136,10 +139,13 @@ class PlanExecutor:
             draft=stored.draft,
         )
 
-    def finish_prefix_hits(self, prompts: Sequence[PlannedPrompt]) -> list[PrefillResult]:
+    def finish_prefix_hits(
+        self, prompts: Sequence[PlannedPrompt]
+    ) -> Generator[PromptLogits, None, list[PrefillResult]]:
         """Finish prefix hits in shared passes where they batch (one result per prompt;
         prompts of the same entry share one); an entry another request stored meanwhile is
-        loaded instead."""
+        loaded instead. Shared passes yield the prompts' last logits (``[len(prompts),
+        V]``, :class:`PromptLogits`) before their draft and compression."""
         assert self.tiers is not None, "prefix hits come from the cache tiers"
         unique = list({self._hit(p).key: p for p in prompts}.values())
         results: dict[object, PrefillResult] = {}
@@ -154,7 +160,12 @@ class PlanExecutor:
             tails = [self._tail(prompt, hit) for prompt, hit in todo]
             runtime = self.runtime
             if runtime.tails_batchable(tails):
-                computed = runtime.prefill_tails(tails)
+                row = {hit.key: r for r, (_, hit) in enumerate(todo)}
+                rows = [
+                    row[key] if key in row else results[key].next_logits
+                    for key in (self._hit(p).key for p in prompts)
+                ]
+                computed = yield from _in_prompt_order(runtime.prefill_tails_steps(tails), rows)
             else:  # each alone: in shared passes where it can, else by the chunked prefill
                 computed = [
                     runtime.prefill_tails([t])[0]
@@ -171,7 +182,7 @@ class PlanExecutor:
 
     def _whole(
         self, prompt: PlannedPrompt, chunk: int | None
-    ) -> Generator[ChunkStep, None, PrefillResult]:
+    ) -> Generator[Step, None, PrefillResult]:
         layout, press = prompt.layout, prompt.press
         roles, focus = self._described(layout, press)
         return (
@@ -182,7 +193,7 @@ class PlanExecutor:
 
     def _on_prefix(
         self, prompt: PlannedPrompt, plan: Cold | DocumentHit, chunk: int | None
-    ) -> Generator[ChunkStep, None, PrefillResult]:
+    ) -> Generator[Step, None, PrefillResult]:
         """The document prefix computed (cold) or assembled (document hit), kept by the
         tiers, then the tail prefilled on it from ``plan.split``."""
         layout, press = prompt.layout, prompt.press
@@ -261,3 +272,22 @@ class PlanExecutor:
         tokenizer = self.runtime.tokenizer
         focus = prompt_focus(tokenizer, layout) if uses_focus(press) else None
         return prompt_roles(tokenizer, layout), focus
+
+
+def _in_prompt_order(
+    steps: Generator[PromptLogits, None, list[PrefillResult]], rows: list[int | torch.Tensor]
+) -> Generator[PromptLogits, None, list[PrefillResult]]:
+    """``steps``' logits again, one row per prompt: prompt ``i``'s row ``rows[i]`` of the
+    computed tails, or its own logits ``[1, V]`` (an entry loaded); returns their results."""
+    try:
+        while True:
+            try:
+                step = next(steps)
+            except StopIteration as finished:
+                results: list[PrefillResult] = finished.value
+                return results
+            yield PromptLogits(
+                torch.cat([step.logits[r : r + 1] if isinstance(r, int) else r for r in rows])
+            )
+    finally:
+        steps.close()

@@ -4,8 +4,11 @@ and the text and statistics of what it decoded."""
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from ragsnap.cache.report import CacheReport
 from ragsnap.citations.options import CitationOptions
@@ -21,7 +24,7 @@ from ragsnap.prompt.assembly import (
     DocumentOrder,
     PromptLayout,
 )
-from ragsnap.runtime.decode import DecodeRow
+from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
 from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.prefill import PrefillResult
 
@@ -55,13 +58,37 @@ class PlannedAnswer:
     def layout(self) -> PromptLayout:
         return self.prompt.layout
 
+    @property
+    def report(self) -> CacheReport:
+        plan = self.prompt.plan
+        return CacheReport(status="off") if plan is None else plan.report
+
     def prepared(self, result: PrefillResult) -> PreparedAnswer:
         """This request ready to decode from ``result``."""
-        plan = self.prompt.plan
-        report = CacheReport(status="off") if plan is None else plan.report
         return PreparedAnswer(
-            self.layout, result, report, self.options, self.started, self.question
+            self.layout, result, self.report, self.options, self.started, self.question
         )
+
+    def first_token(
+        self,
+        logits: torch.Tensor,
+        stop_ids: Collection[int],
+        processor: LogitsProcessor | None = None,
+    ) -> int | None:
+        """The token this answer's row will pick first from its prompt's last logits
+        ``[1, V]`` (after its ``processor``), where that is known before the press
+        compresses the prompt: a greedy answer's argmax, as its sampler picks it, unless it
+        ends the answer at once; None for a sampled answer."""
+        if not self.options.generation.greedy:
+            return None
+        if processor is not None:
+            logits = processor([], logits)
+        token = int(logits[0].argmax())
+        return None if token in stop_ids else token
+
+    def meta(self) -> MetaEvent:
+        """The meta event before compression (its kept tokens not known yet)."""
+        return _meta(self.layout, None, self.report.status)
 
 
 @dataclass
@@ -82,17 +109,7 @@ class PreparedAnswer:
     question: str = ""
 
     def meta(self) -> MetaEvent:
-        return MetaEvent(
-            prompt_tokens=self.layout.num_tokens,
-            kept_tokens=self.prefill.kept_tokens,
-            cache=self.report.status,
-            documents=[
-                {"index": i + 1, "id": d.id, "title": d.title}
-                for i, d in enumerate(self.layout.documents)
-            ],
-            dropped_doc_ids=self.layout.dropped_doc_ids,
-            truncated_doc_ids=self.layout.truncated_doc_ids,
-        )
+        return _meta(self.layout, self.prefill.kept_tokens, self.report.status)
 
     def stats(
         self, row: DecodeRow, ttft_s: float | None, attribution_s: float, model: str, device: str
@@ -165,3 +182,16 @@ class TextStream:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         delta, self.emitted = text[len(self.emitted) :], text
         return delta
+
+
+def _meta(layout: PromptLayout, kept_tokens: int | None, cache: str) -> MetaEvent:
+    return MetaEvent(
+        prompt_tokens=layout.num_tokens,
+        kept_tokens=kept_tokens,
+        cache=cache,
+        documents=[
+            {"index": i + 1, "id": d.id, "title": d.title} for i, d in enumerate(layout.documents)
+        ],
+        dropped_doc_ids=layout.dropped_doc_ids,
+        truncated_doc_ids=layout.truncated_doc_ids,
+    )

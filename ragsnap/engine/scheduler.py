@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ragsnap.engine.config import DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS
 from ragsnap.engine.engine import (
@@ -57,8 +57,11 @@ from ragsnap.errors import KVMemoryError
 from ragsnap.prompt.documents import Document
 from ragsnap.runtime.decode import DecodeRow
 from ragsnap.runtime.llama_pass import ChunkFeed
-from ragsnap.runtime.prefill import ChunkStep
+from ragsnap.runtime.prefill import ChunkStep, PromptLogits, Step
 from ragsnap.runtime.threads import one_torch_thread, torch_threads
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +115,15 @@ class _Running:
     text: TextStream
     ttft_s: float | None = None
     kv_bytes: int = 0  # KV memory held: its compressed cache and the tokens it may add
+    early: bool = False  # its first token went out before compression (not sent again)
+
+
+@dataclass
+class _Early:
+    """A first token sent from a prompt's last logits, before its row joined."""
+
+    text: TextStream
+    ttft_s: float
 
 
 @dataclass
@@ -121,7 +133,8 @@ class _Prefill:
     other prompts it may still let go first."""
 
     request: Request
-    steps: Generator[ChunkStep, None, PreparedAnswer]
+    planned: PlannedAnswer
+    steps: Generator[Step, None, PreparedAnswer]
     chunk: int
     kv_bytes: int
     left: int
@@ -213,6 +226,8 @@ class Scheduler:
         self._last_submit = 0.0
         # misses looked up between chunks but too long to go first: id(request) -> layout
         self._deferred: dict[int, PreparedAnswer | PlannedAnswer] = {}
+        # first tokens sent before their rows joined: id(request) -> its text so far
+        self._early: dict[int, _Early] = {}
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -409,15 +424,25 @@ class Scheduler:
             self._busy = outer
 
     def _finish_prefix_hits(self, hits: list[tuple[Request, PendingAnswer]]) -> None:
+        """Their shared passes; each first token goes out once its logits exist."""
+        steps = self.engine.finish_prefix_hits([pending for _, pending in hits])
         try:
             with torch_threads(self.prefill_threads):
-                prepared = self.engine.finish_prefix_hits([pending for _, pending in hits])
+                while True:
+                    try:
+                        self._send_first(hits, next(steps).logits)
+                    except StopIteration as finished:
+                        prepared: list[PreparedAnswer] = finished.value
+                        break
         except Exception as exc:
+            steps.close()
             for request, _ in hits:
+                self._early.pop(id(request), None)
                 request.fail(exc)
             return
         for (request, _), answer in zip(hits, prepared, strict=True):
             if request.is_cancelled():
+                self._early.pop(id(request), None)
                 request.close("cancelled")
                 self._write_later(answer)
             else:
@@ -437,7 +462,7 @@ class Scheduler:
         tokens = planned.layout.num_tokens
         steps = self.engine.execute(planned, chunk)
         self._prefills.append(
-            _Prefill(request, steps, chunk, self.kv_need(request, planned), tokens, tokens)
+            _Prefill(request, planned, steps, chunk, self.kv_need(request, planned), tokens, tokens)
         )
 
     def _advance(self) -> None:
@@ -452,7 +477,7 @@ class Scheduler:
                 raise Cancelled
             if top.pending is None:
                 with torch_threads(self.prefill_threads):
-                    top.pending = next(top.steps)  # computes the chunk before it
+                    top.pending = self._next_chunk(top)  # computes the chunk before it
                 if top.started and len(self._prefills) == 1:
                     top.left -= top.chunk
                     self._shorter_first(top)
@@ -473,6 +498,7 @@ class Scheduler:
             prepared: PreparedAnswer = finished.value
             self._prefills.pop()
             if request.is_cancelled():
+                self._early.pop(id(request), None)
                 self._write_later(prepared)
                 request.close("cancelled")
                 return
@@ -485,8 +511,37 @@ class Scheduler:
             request.close("cancelled")
         except Exception as exc:
             request.fail(exc)
+        self._early.pop(id(request), None)
         self._prefills.remove(top)
         top.steps.close()
+
+    def _next_chunk(self, top: _Prefill) -> ChunkStep:
+        """``top``'s next chunk; on the way, its first token once the prompt's last logits
+        exist (:meth:`_send_first`). StopIteration when it has none left."""
+        step = next(top.steps)
+        while isinstance(step, PromptLogits):
+            self._send_first([(top.request, top.planned)], step.logits)
+            step = next(top.steps)
+        return step
+
+    def _send_first(
+        self, answers: Sequence[tuple[Request, PlannedAnswer]], logits: torch.Tensor
+    ) -> None:
+        """Send each answer's first token from its prompt's last logits (``logits[i]`` of
+        ``answers[i]``) when its row will pick that same token (a greedy answer), so the
+        draft and compression that follow are no wait for it: the meta event (its
+        kept tokens not known yet), then the token. Its row skips sending it again."""
+        now = time.perf_counter()
+        for i, (request, planned) in enumerate(answers):
+            processor = self.engine.logits_processor(planned)
+            token = planned.first_token(logits[i : i + 1], self.batch.stop_ids, processor)
+            if token is None or request.is_cancelled():
+                continue
+            early = _Early(TextStream(self.engine.tokenizer), now - planned.started)
+            request.emit(planned.meta())
+            if delta := early.text.push(token):
+                request.emit(TokenEvent(text=delta))
+            self._early[id(request)] = early
 
     # -- KV memory ------------------------------------------------------------------------
 
@@ -621,8 +676,11 @@ class Scheduler:
         return False
 
     def _join(self, request: Request, prepared: PreparedAnswer) -> None:
-        """Add ``prepared``'s row to the batch: it decodes from the next step on."""
-        request.emit(prepared.meta())
+        """Add ``prepared``'s row to the batch: it decodes from the next step on (its first
+        token, when already sent with its meta event, is not sent again)."""
+        early = self._early.pop(id(request), None)
+        if early is None:
+            request.emit(prepared.meta())
         key, self._next_key = self._next_key, self._next_key + 1
         # a request may end its row early (stop strings matched in the text it emitted)
         stop = getattr(request, "should_stop", None)
@@ -635,9 +693,14 @@ class Scheduler:
             decode_compression=request.options.decode_compression,
             context=prepared.layout.input_ids,
         )
-        kv_bytes = self.kv_need(request, prepared)
         self._running[key] = _Running(
-            request, prepared, row, TextStream(self.engine.tokenizer), kv_bytes=kv_bytes
+            request,
+            prepared,
+            row,
+            TextStream(self.engine.tokenizer) if early is None else early.text,
+            ttft_s=None if early is None else early.ttft_s,
+            kv_bytes=self.kv_need(request, prepared),
+            early=early is not None,
         )
 
     def _decode_step(self, chunk: ChunkFeed | None = None) -> None:
@@ -668,7 +731,9 @@ class Scheduler:
             if out.token is not None:
                 if running.ttft_s is None:
                     running.ttft_s = now - running.prepared.started
-                if delta := running.text.push(out.token):
+                if running.early:  # the token sent before the row joined: the same one
+                    running.early = False
+                elif delta := running.text.push(out.token):
                     running.request.emit(TokenEvent(text=delta))
             if out.finish_reason is not None:
                 del self._running[int(out.key)]  # type: ignore[call-overload]

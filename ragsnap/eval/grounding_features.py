@@ -53,7 +53,7 @@ def refeature(engine: Any, row: dict[str, Any]) -> dict[str, Any]:
     cited = recorded_documents(row)
     features = answer_features(engine, row["question"], row["model_answer"], citations, cited)
     # the uncited documents are not recorded: what the documents name stays as measured
-    kept = {k: row[k] for k in ("not_in_documents", "named") if k in row}
+    kept: dict[str, Any] = {k: row[k] for k in ("not_in_documents", "named") if k in row}
     return {**row, **features, **kept}
 
 

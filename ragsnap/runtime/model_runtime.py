@@ -25,7 +25,7 @@ from ragsnap.runtime.kv import cache_from_layers, crop_layers
 from ragsnap.runtime.likelihood import mean_lift, span_lifts
 from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.loading.models import LoadedModel
-from ragsnap.runtime.prefill import ChunkStep, PrefillResult
+from ragsnap.runtime.prefill import ChunkStep, PrefillResult, PromptLogits, Step
 from ragsnap.runtime.propagation import forced_positions
 from ragsnap.runtime.teacher_force import teacher_force
 from ragsnap.runtime.threads import one_torch_thread
@@ -120,7 +120,7 @@ class ModelRuntime:
         roles: torch.Tensor | None = None,
         focus: torch.Tensor | None = None,
         forced: torch.Tensor | None = None,
-    ) -> Generator[ChunkStep, None, PrefillResult]:
+    ) -> Generator[Step, None, PrefillResult]:
         """Prefill ``input_ids[start:]`` (on ``cache`` holding the first ``start``
         positions, when given) in chunks of ``chunk`` tokens (None: :attr:`chunk`), a
         :class:`~ragsnap.runtime.prefill.ChunkStep` before each, compressing every layer
@@ -166,7 +166,7 @@ class ModelRuntime:
         chunk: int | None = None,
         roles: torch.Tensor | None = None,
         focus: torch.Tensor | None = None,
-    ) -> Generator[ChunkStep, None, PrefillResult]:
+    ) -> Generator[Step, None, PrefillResult]:
         """:meth:`prefill_steps` of a whole prompt as the engine runs it (see
         :meth:`_documents_first`)."""
         cache, start, documents_s = yield from self._documents_first(layout, [press], chunk)
@@ -210,6 +210,15 @@ class ModelRuntime:
     def prefill_tails(self, tails: Sequence[_tails.Tail]) -> list[PrefillResult]:
         """Finish several prompts whose prefixes are loaded, in shared passes (one result
         per tail, as :meth:`prefill` with ``cache`` and ``start`` gives it)."""
+        results: list[PrefillResult] = _prefill.drain(self.prefill_tails_steps(tails))
+        return results
+
+    def prefill_tails_steps(
+        self, tails: Sequence[_tails.Tail]
+    ) -> Generator[PromptLogits, None, list[PrefillResult]]:
+        """:meth:`prefill_tails` as a generator: the tails' last logits
+        (:class:`~ragsnap.runtime.prefill.PromptLogits`) come out before their draft and
+        compression."""
         filled = [
             t
             if t.word_starts is not None
@@ -217,13 +226,15 @@ class ModelRuntime:
             for t in tails
         ]
         threads = torch.get_num_threads()
-        return _tails.prefill_tails(
-            self.model,
-            self.cache_kwarg,
-            filled,
-            self.stop_ids,
-            self._tail_scratch,
-            self.row_workers(threads) if len(tails) > 1 and threads > 1 else None,
+        return (
+            yield from _tails.prefill_tails_steps(
+                self.model,
+                self.cache_kwarg,
+                filled,
+                self.stop_ids,
+                self._tail_scratch,
+                self.row_workers(threads) if len(tails) > 1 and threads > 1 else None,
+            )
         )
 
     def row_workers(self, count: int) -> ThreadPoolExecutor:

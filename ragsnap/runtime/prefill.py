@@ -9,8 +9,10 @@ Each prefill is a generator of :class:`ChunkStep` (:func:`prefill_steps`,
 (the engine's in-process path drains it, the scheduler interleaves it with decode steps)
 decides what runs between two chunks, may compute a chunk itself in another pass
 (:attr:`ChunkStep.done`), or stops the prefill by closing the generator, leaving the model
-free after at most one chunk. :func:`drain` runs one to its end with an ``on_chunk``
-callback between chunks.
+free after at most one chunk. A prefill whose press still drafts and compresses after its
+last chunk yields :class:`PromptLogits` first, so the driver can send the first token
+before that work. :func:`drain` runs one to its end with an ``on_chunk`` callback between
+chunks.
 """
 
 from __future__ import annotations
@@ -172,8 +174,18 @@ class ChunkStep:
     done: bool = False
 
 
-# a prefill as its driver sees it: ChunkSteps out, its result at the end
-Steps = Generator[ChunkStep, None, Any]
+@dataclass
+class PromptLogits:
+    """The prompts' last logits ``[B, V]`` (one row per prompt), yielded by a prefill as
+    soon as they exist, before its draft and compression: a driver may send each prompt's
+    first token then. Nothing is to be computed for it; the next ``next()`` goes on."""
+
+    logits: torch.Tensor
+
+
+# what a prefill yields, and a prefill as its driver sees it: steps out, its result at the end
+Step = ChunkStep | PromptLogits
+Steps = Generator[Step, None, Any]
 
 
 class ChunkRider(Protocol):
@@ -199,6 +211,8 @@ def drain(steps: Steps, on_chunk: Callable[[], None] | None = None) -> Any:
                 step = next(steps)
             except StopIteration as finished:
                 return finished.value
+            if isinstance(step, PromptLogits):
+                continue
             if not first and on_chunk is not None:
                 on_chunk()
             first = False
@@ -282,10 +296,11 @@ def prefill_steps(
     focus: torch.Tensor | None = None,
     stop_ids: Collection[int] = (),
     forced: torch.Tensor | None = None,
-) -> Generator[ChunkStep, None, list[PrefillResult]]:
+) -> Generator[Step, None, list[PrefillResult]]:
     """Prefill ``input_ids[start:]`` on top of ``cache`` (holding the first ``start``
     positions) in chunks of ``chunk`` tokens, and compress every layer at the end; yields
-    a :class:`ChunkStep` before each chunk (see the module docstring).
+    a :class:`ChunkStep` before each chunk (see the module docstring), and
+    :class:`PromptLogits` once the last chunk's logits exist.
 
     One press compresses ``cache`` in place; several presses leave it full and each result
     gets its own derived cache (prefill attention is full whatever the press, so each keeps
@@ -355,7 +370,8 @@ def prefill_steps(
                     recorder.positions[layer] = positions
                 logits = yield from _upper_passes(split, positions, cache, chunk, window, recorder)
             recorder.armed = False
-            if ahead:
+            if ahead:  # the draft and the compression are still to come
+                yield PromptLogits(logits)
                 drafted, draft = draft_queries(
                     model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids, input_ids
                 )

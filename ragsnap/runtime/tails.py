@@ -15,7 +15,7 @@ for one (the weights are read once per pass).
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Generator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +30,13 @@ from ragsnap.compression.propagate import propagation_of
 from ragsnap.runtime.drafts import Drafts
 from ragsnap.runtime.forward import BatchedKV, forward_rows, sliding_windows
 from ragsnap.runtime.kv import cache_from_layers, cache_nbytes
-from ragsnap.runtime.prefill import PREFIX_LOADED, PrefillResult, window_floor
+from ragsnap.runtime.prefill import (
+    PREFIX_LOADED,
+    PrefillResult,
+    PromptLogits,
+    drain,
+    window_floor,
+)
 
 Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
@@ -77,6 +83,23 @@ def prefill_tails(
 
     Raises ValueError when the tails are not :func:`batchable`.
     """
+    results: list[PrefillResult] = drain(
+        prefill_tails_steps(model, cache_kwarg, tails, stop_ids, scratch, workers)
+    )
+    return results
+
+
+def prefill_tails_steps(
+    model: Any,
+    cache_kwarg: str,
+    tails: Sequence[Tail],
+    stop_ids: Collection[int] = (),
+    scratch: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    workers: Executor | None = None,
+) -> Generator[PromptLogits, None, list[PrefillResult]]:
+    """:func:`prefill_tails` (same arguments) as a generator: it yields the tails' last
+    logits (:class:`PromptLogits`, ``[B, V]``) after their shared pass, before the draft
+    and the compression."""
     if not batchable(model, tails):
         raise ValueError("these tails cannot be finished in one batch")
     length = max(len(t.input_ids) - t.start for t in tails)
@@ -105,6 +128,7 @@ def prefill_tails(
             last=True,
         )
         inputs.armed = False
+    yield PromptLogits(logits)
     drafted, drafts = draft_rows(
         model, cache_kwarg, batch, logits, ahead, stop_ids, [t.input_ids for t in tails]
     )
