@@ -115,3 +115,30 @@ def test_a_bad_setting_in_the_environment_is_one_line_naming_it(monkeypatch, cap
             "ragsnap: error: setting matmul_precision: "
             "Input should be 'auto', 'highest' or 'medium'"
         ]
+
+
+def test_work_in_a_passing_thread_returns_or_raises_there_and_leaves_the_caller_as_it_was():
+    import threading
+
+    import torch
+
+    from ragsnap.errors import ConfigError
+    from ragsnap.runtime.threads import in_a_passing_thread
+
+    before = torch.get_num_threads()
+    seen: list[threading.Thread] = []
+
+    def work() -> int:
+        seen.append(threading.current_thread())
+        torch.set_num_threads(before + 1)  # this thread's setting, not the caller's
+        return 7
+
+    assert in_a_passing_thread(work) == 7
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+    assert torch.get_num_threads() == before
+
+    def failing() -> int:
+        raise ConfigError("no such model", field="model")
+
+    with pytest.raises(ConfigError, match="no such model"):
+        in_a_passing_thread(failing)

@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
         from ragsnap.api.app import create_app
         from ragsnap.api.services import load_engine
+        from ragsnap.runtime.threads import in_a_passing_thread
     except ImportError as exc:
         from ragsnap.errors import ConfigError
 
@@ -109,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
         return run_on_ray(args, settings, given_fields(args, type(settings)))
     logging.getLogger("ragsnap").setLevel(logging.INFO)  # the one-line-per-request access log
     with loading_model(settings.model, settings.device):
-        engine = load_engine(settings)  # fails here, with one clear line, before binding
+        # fails here, with one clear line, before binding; in a thread of its own, so this
+        # one (the HTTP server's) keeps no OpenMP team beside the scheduler's
+        engine = in_a_passing_thread(lambda: load_engine(settings))
     settings = keep_threads_for_the_scheduler(settings)
     app = create_app(settings, engine=engine)
     auth = f"{len(settings.api_keys)} API key(s)" if settings.auth_enabled else "no API key"
