@@ -19,7 +19,7 @@ from ragsnap.api.settings import Settings
 from ragsnap.api.worker import EngineWorker
 from ragsnap.engine.engine import RagSnapEngine
 from ragsnap.retrieval.bm25 import BM25Index
-from ragsnap.runtime.threads import available_cores
+from ragsnap.runtime.threads import available_cores, in_a_passing_thread
 
 logger = logging.getLogger("ragsnap.api")
 
@@ -82,8 +82,8 @@ def start_services(
     if settings.corpus_dir:
         index = BM25Index.from_directory(settings.corpus_dir)
         logger.info("corpus indexed: %d passages", len(index))
-    if engine is None:
-        engine = load_engine(settings)
+    if engine is None:  # see ragsnap.cli.serve: this thread keeps no OpenMP team
+        engine = in_a_passing_thread(lambda: load_engine(settings))
     store = engine.store
     if store is not None:
         metrics.track_rejections(lambda: dict(store.rejections))
