@@ -7,7 +7,9 @@ is looked up in the cache tiers (:meth:`RagSnapEngine.lookup`: an exact hit join
 at once) and its plan executed by the engine (:meth:`RagSnapEngine.execute`), a generator
 that yields before each chunk: the scheduler advances it one chunk per step, the running
 rows decoding beside it (in the chunk's own pass where it allows), so streams keep flowing
-while a new prompt prefills. Prefix hits (a new question over documents whose KV is
+while a new prompt prefills. A greedy answer's first token is sent once its prompt's last
+logits exist, before the press drafts and compresses (:meth:`_send_first`). Prefix hits (a
+new question over documents whose KV is
 stored) are finished in shared passes (one for their tails, one per drafted token; the
 running rows wait for them): a prefix hit waits (the running rows decoding meanwhile) until
 no request has arrived for ``gather_s`` (at most ``GATHER_MAX_S``) or the batch is full, so

@@ -84,6 +84,28 @@ def system_instruction(text: str) -> Iterator[None]:
         defaults["system"] = saved
 
 
+def item_pairs(engine: Any, args: argparse.Namespace) -> tuple[list[EvalItem], list[EvalItem]]:
+    """The answerable items of ``args`` (``--format``, ``--data``, ``--context-tokens``:
+    items with answers and gold documents, ``--skip`` then ``-n``) and each one again with
+    its gold documents replaced by other items' (:func:`without_gold`)."""
+    from ragsnap.eval.datasets import load_items
+
+    def count(text: str) -> int:
+        return len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    loaded = load_items(
+        args.format,
+        args.data,
+        context_tokens=args.context_tokens,
+        count_tokens=count,
+        types=("factoid",) if args.format == "bioasq" else None,
+    )
+    usable = [i for i in loaded.items if i.answers and i.gold_doc_ids]
+    items = usable[args.skip : args.skip + args.n]
+    pool = [d for i in loaded.items for d in i.documents]
+    return items, [without_gold(i, pool, count) for i in items]
+
+
 def without_gold(
     item: EvalItem, pool: Sequence[Document], count_tokens: Any, seed: int = 0
 ) -> EvalItem:
@@ -315,7 +337,6 @@ def summarize(
 
 def main(argv: Sequence[str] | None = None) -> int:
     from ragsnap.engine.engine import RagSnapEngine
-    from ragsnap.eval.datasets import load_items
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=("hotpotqa", "bioasq"), required=True)
@@ -334,23 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "embedded", device="cpu", dtype="float32", cache_url="none", threads=args.threads
     )
 
-    def count(text: str) -> int:
-        return len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    loaded = load_items(
-        args.format,
-        args.data,
-        context_tokens=args.context_tokens,
-        count_tokens=count,
-        types=("factoid",) if args.format == "bioasq" else None,
-    )
-    usable = [i for i in loaded.items if i.answers and i.gold_doc_ids]
-    items = usable[args.skip : args.skip + args.n]
-    pool = [d for i in loaded.items for d in i.documents]
+    items, missing = item_pairs(engine, args)
     system = assembly.SYSTEM_INSTRUCTION if args.instruction == "shipped" else ABSTAIN_INSTRUCTION
     with system_instruction(system):
         answerable = run_items(engine, items, args.budget, args.max_new_tokens)
-        missing = [without_gold(i, pool, count) for i in items]
         unanswerable = run_items(engine, missing, args.budget, args.max_new_tokens)
     if args.rows:
         args.rows.write_text(json.dumps({"answerable": answerable, "unanswerable": unanswerable}))

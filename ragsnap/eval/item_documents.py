@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ragsnap.eval.grounding_eval import without_gold
+from ragsnap.eval.grounding_eval import item_pairs
 from ragsnap.eval.items import EvalItem
 
 
@@ -32,7 +32,6 @@ def entry(item: EvalItem) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from ragsnap.engine.engine import RagSnapEngine
-    from ragsnap.eval.datasets import load_items
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=("hotpotqa", "bioasq"), required=True)
@@ -44,21 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     engine = RagSnapEngine.load("embedded", device="cpu", dtype="float32", cache_url="none")
 
-    def count(text: str) -> int:
-        return len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    loaded = load_items(
-        args.format,
-        args.data,
-        context_tokens=args.context_tokens,
-        count_tokens=count,
-        types=("factoid",) if args.format == "bioasq" else None,
-    )
-    usable = [i for i in loaded.items if i.answers and i.gold_doc_ids]
-    items = usable[args.skip : args.skip + args.n]
-    pool = [d for i in loaded.items for d in i.documents]
-    out = {i.id: entry(i) for i in items}
-    out |= {m.id: entry(m) for m in (without_gold(i, pool, count) for i in items)}
+    items, missing = item_pairs(engine, args)
+    out = {i.id: entry(i) for i in items + missing}
     args.out.write_text(json.dumps(out), encoding="utf-8")
     return 0
 
