@@ -60,18 +60,18 @@ def ask(
 def counting(eng: RagSnapEngine) -> list[int]:
     """Count the engine's prefills (the real method still runs)."""
     calls: list[int] = []
-    real, real_tails = eng.runtime.prefill_steps, eng.runtime.prefill_tails
+    real, real_tails = eng.runtime.prefill_steps, eng.runtime.prefill_tails_steps
 
     def prefill_steps(input_ids, press, **kwargs):
         calls.append(len(input_ids) - kwargs.get("start", 0))
         return real(input_ids, press, **kwargs)
 
-    def prefill_tails(tails):
+    def prefill_tails_steps(tails):  # prefill_tails drains it
         calls.extend(len(t.input_ids) - t.start for t in tails)
         return real_tails(tails)
 
     eng.runtime.prefill_steps = prefill_steps  # type: ignore[method-assign]
-    eng.runtime.prefill_tails = prefill_tails  # type: ignore[method-assign]
+    eng.runtime.prefill_tails_steps = prefill_tails_steps  # type: ignore[method-assign]
     return calls
 
 

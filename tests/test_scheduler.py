@@ -497,6 +497,15 @@ def test_a_greedy_answer_s_first_token_goes_out_before_its_press_compresses(
     sampled = answered([asked(words(90, 4), docs[0], GenerationConfig(5, temperature=0.8))])
     meta = next(e for e in sampled[0].events if isinstance(e, MetaEvent))
     assert meta.kept_tokens is not None and log.index(("computed", "")) == 0
+    # in-process (engine.stream) the same: a new question's first token, then the rest
+    log.clear()
+    streamed = []
+    for event in engine.stream(words(95, 4), docs[1], AnswerOptions(press, GenerationConfig(5))):
+        log.append((type(event).__name__, ""))
+        streamed.append(event)
+    assert [kind for kind, _ in log[:3]] == ["MetaEvent", "TokenEvent", "computed"]
+    assert streamed[-1].stats.cache == "prefix-hit" and streamed[-1].stats.new_tokens == 5
+    assert "".join(e.text for e in streamed if isinstance(e, TokenEvent)) == streamed[-1].answer
 
 
 def test_a_short_prompt_goes_first_behind_a_long_one_and_the_long_one_still_ends(

@@ -8,12 +8,15 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Protocol
 
+import torch
+
 from ragsnap.engine.events import AnswerEvent, CitationsEvent, DoneEvent, TokenEvent
-from ragsnap.engine.prepared import AnswerOptions, PreparedAnswer, TextStream
+from ragsnap.engine.prepared import AnswerOptions, PlannedAnswer, PreparedAnswer, TextStream
 from ragsnap.engine.stopping import apply_stop
 from ragsnap.prompt.documents import Document
 from ragsnap.runtime.decode import DecodeRow, LogitsProcessor
 from ragsnap.runtime.model_runtime import ModelRuntime
+from ragsnap.runtime.prefill import PromptLogits, Step, drain
 
 
 class AnswerStages(Protocol):
@@ -22,11 +25,15 @@ class AnswerStages(Protocol):
     runtime: ModelRuntime
     tokenizer: Any
 
-    def prepare(
+    def lookup(
         self, question: str, documents: Sequence[Document], options: AnswerOptions, namespace: str
-    ) -> PreparedAnswer: ...
+    ) -> PreparedAnswer | PlannedAnswer: ...
 
-    def logits_processor(self, prepared: PreparedAnswer) -> LogitsProcessor | None: ...
+    def execute(self, planned: PlannedAnswer) -> Generator[Step, None, PreparedAnswer]: ...
+
+    def logits_processor(
+        self, prepared: PreparedAnswer | PlannedAnswer
+    ) -> LogitsProcessor | None: ...
 
     def finish(
         self, prepared: PreparedAnswer, row: DecodeRow, ttft_s: float | None
@@ -73,8 +80,9 @@ def _decode(
     should_stop: Callable[[], bool] | None,
     namespace: str,
 ) -> Generator[AnswerEvent, None, None]:
-    prepared = engine.prepare(question, documents, options, namespace)
-    yield prepared.meta()
+    prepared, early = yield from _prepared(engine, question, documents, options, namespace)
+    if early is None:
+        yield prepared.meta()
     batch = engine.runtime.decode_batch()
     stop = (lambda _tokens: should_stop()) if should_stop is not None else None
     row = batch.add(
@@ -86,16 +94,57 @@ def _decode(
         decode_compression=options.decode_compression,
         context=prepared.layout.input_ids,
     )
-    text = TextStream(engine.tokenizer)
-    ttft: float | None = None
+    text, ttft = (TextStream(engine.tokenizer), None) if early is None else early
+    sent = early is not None  # the first token went out before compression
     try:
         for out in batch.run():
             if out.token is not None:
                 ttft = ttft if ttft is not None else time.perf_counter() - prepared.started
-                if delta := text.push(out.token):
+                if sent:  # the same token the row picked: not sent again
+                    sent = False
+                elif delta := text.push(out.token):
                     yield TokenEvent(text=delta)
         if rest := text.flush():
             yield TokenEvent(text=rest)
         yield from engine.finish(prepared, row, ttft)
     finally:  # an iterator closed early still writes what the answer left to write
         engine.store_pending(prepared)
+
+
+def _prepared(
+    engine: AnswerStages,
+    question: str,
+    documents: Sequence[Document],
+    options: AnswerOptions,
+    namespace: str,
+) -> Generator[AnswerEvent, None, tuple[PreparedAnswer, tuple[TextStream, float] | None]]:
+    """The answer ready to decode; on the way, as the scheduler does, its meta event and
+    first token once the prompt's last logits exist, when its row will pick that token (a
+    greedy answer). Returns it with that token's text stream and time, or None."""
+    found = engine.lookup(question, documents, options, namespace)
+    if isinstance(found, PreparedAnswer):
+        return found, None
+    early: tuple[TextStream, float] | None = None
+    steps = engine.execute(found)
+    try:
+        while True:
+            try:
+                with torch.inference_mode():
+                    step = next(steps)
+            except StopIteration as finished:
+                return finished.value, early
+            if not isinstance(step, PromptLogits) or early is not None:
+                continue
+            processor = engine.logits_processor(found)
+            token = found.first_token(step.logits, engine.runtime.stop_ids, processor)
+            if token is not None:
+                early = (TextStream(engine.tokenizer), time.perf_counter() - found.started)
+                try:
+                    yield found.meta()
+                    if delta := early[0].push(token):
+                        yield TokenEvent(text=delta)
+                except GeneratorExit:  # the reader left: finish, so that the entries are
+                    engine.store_pending(drain(steps))  # written as when it leaves later
+                    raise
+    finally:
+        steps.close()
