@@ -455,8 +455,9 @@ def test_a_greedy_answer_s_first_token_goes_out_before_its_press_compresses(
     press = make_press("ragsnap-lookahead", budget=24, window=8)
     docs = [[Document(id=f"d{i}", title="t3", text=words(9 * i, 90))] for i in range(3)]
 
-    def asked(question: str, documents, generation=GenerationConfig(5)) -> Collector:
-        request = Collector(question, documents, AnswerOptions(press, generation))
+    def asked(question: str, documents, generation: GenerationConfig | None = None) -> Collector:
+        options = AnswerOptions(press, generation or GenerationConfig(5))
+        request = Collector(question, documents, options)
         emit = request.emit
 
         def recording(event) -> None:

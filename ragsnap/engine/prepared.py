@@ -15,7 +15,7 @@ from ragsnap.citations.options import CitationOptions
 from ragsnap.compression import Press, make_press
 from ragsnap.compression.decode_snapkv import DecodeSnapKV
 from ragsnap.compression.lookahead import press_label
-from ragsnap.engine.events import MetaEvent
+from ragsnap.engine.events import AnswerEvent, MetaEvent, TokenEvent
 from ragsnap.engine.execute import PlannedPrompt
 from ragsnap.engine.stats import AnswerStats
 from ragsnap.prompt.assembly import (
@@ -69,22 +69,29 @@ class PlannedAnswer:
             self.layout, result, self.report, self.options, self.started, self.question
         )
 
-    def first_token(
+    def first_events(
         self,
         logits: torch.Tensor,
         stop_ids: Collection[int],
-        processor: LogitsProcessor | None = None,
-    ) -> int | None:
-        """The token this answer's row will pick first from its prompt's last logits
-        ``[1, V]`` (after its ``processor``), where that is known before the press
-        compresses the prompt: a greedy answer's argmax, as its sampler picks it, unless it
-        ends the answer at once; None for a sampled answer."""
+        processor: LogitsProcessor | None,
+        tokenizer: Any,
+    ) -> tuple[list[AnswerEvent], TextStream] | None:
+        """What to send before the press compresses the prompt, from its last logits
+        ``[1, V]``: the meta event and the first token, with the text stream the answer
+        goes on with, when its row will pick that same token (a greedy answer's argmax after
+        its ``processor``, unless it ends the answer at once); None otherwise."""
         if not self.options.generation.greedy:
             return None
         if processor is not None:
             logits = processor([], logits)
         token = int(logits[0].argmax())
-        return None if token in stop_ids else token
+        if token in stop_ids:
+            return None
+        text = TextStream(tokenizer)
+        events: list[AnswerEvent] = [self.meta()]
+        if delta := text.push(token):
+            events.append(TokenEvent(text=delta))
+        return events, text
 
     def meta(self) -> MetaEvent:
         """The meta event before compression (its kept tokens not known yet)."""

@@ -536,14 +536,15 @@ class Scheduler:
         now = time.perf_counter()
         for i, (request, planned) in enumerate(answers):
             processor = self.engine.logits_processor(planned)
-            token = planned.first_token(logits[i : i + 1], self.batch.stop_ids, processor)
-            if token is None or request.is_cancelled():
+            first = planned.first_events(
+                logits[i : i + 1], self.batch.stop_ids, processor, self.engine.tokenizer
+            )
+            if first is None or request.is_cancelled():
                 continue
-            early = _Early(TextStream(self.engine.tokenizer), now - planned.started)
-            request.emit(planned.meta())
-            if delta := early.text.push(token):
-                request.emit(TokenEvent(text=delta))
-            self._early[id(request)] = early
+            events, text = first
+            for event in events:
+                request.emit(event)
+            self._early[id(request)] = _Early(text, now - planned.started)
 
     # -- KV memory ------------------------------------------------------------------------
 

@@ -136,13 +136,13 @@ def _prepared(
             if not isinstance(step, PromptLogits) or early is not None:
                 continue
             processor = engine.logits_processor(found)
-            token = found.first_token(step.logits, engine.runtime.stop_ids, processor)
-            if token is not None:
-                early = (TextStream(engine.tokenizer), time.perf_counter() - found.started)
+            first = found.first_events(
+                step.logits, engine.runtime.stop_ids, processor, engine.tokenizer
+            )
+            if first is not None:
+                early = (first[1], time.perf_counter() - found.started)
                 try:
-                    yield found.meta()
-                    if delta := early[0].push(token):
-                        yield TokenEvent(text=delta)
+                    yield from first[0]
                 except GeneratorExit:  # the reader left: finish, so that the entries are
                     engine.store_pending(drain(steps))  # written as when it leaves later
                     raise
