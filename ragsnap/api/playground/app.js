@@ -217,7 +217,7 @@
     renderStats({
       cache: meta.cache,
       "prompt tokens": meta.prompt_tokens,
-      "kept per head": meta.kept_tokens,
+      "kept per head": meta.kept_tokens ?? "after compression", // null: sent before it
     });
   }
 
