@@ -4,8 +4,10 @@ The cache tiers plan (:mod:`ragsnap.cache.tiers.plans`); this module computes wh
 leaves to compute with the runtime's primitives (prefill of a span, tails over a prefix,
 blend, compress) and hands the tiers what to store. :meth:`PlanExecutor.execute` is a
 generator of :class:`~ragsnap.runtime.prefill.ChunkStep` that yields before each prefill
-chunk: the in-process path drains it, the scheduler interleaves it with decode steps, so
-every entrance runs the same computation for the same plan.
+chunk (and :class:`~ragsnap.runtime.prefill.PromptLogits` once the last logits exist, before
+the draft and compression): the in-process path drives it to its end, the scheduler
+interleaves it with decode steps, so every entrance runs the same computation for the same
+plan, and sends a greedy answer's first token at the same point.
 
 exact hit     the stored compressed cache; no pass.
 prefix hit    the tail over the loaded prefix (:func:`ragsnap.runtime.tails.prefill_tails`,
@@ -101,7 +103,8 @@ class PlanExecutor:
         self, prompt: PlannedPrompt, chunk: int | None = None
     ) -> Generator[Step, None, PrefillResult]:
         """The prompt's compressed cache: a :class:`ChunkStep` before each prefill chunk of
-        ``chunk`` tokens (None: the runtime's), the result at the end."""
+        ``chunk`` tokens (None: the runtime's) and :class:`PromptLogits` once the last
+        logits exist, the result at the end."""
         plan, tiers = prompt.plan, self.tiers
         if plan is None or tiers is None:
             return (yield from self._whole(prompt, chunk))
