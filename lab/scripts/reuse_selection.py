@@ -38,10 +38,9 @@ DATA = (
 
 def main() -> None:
     from ragsnap.cache import open_store
-    from ragsnap.cache.tiers.cached_prefill import CachedPrefill
+    from ragsnap.cli.bench.reuse import document_reuse
     from ragsnap.cli.bench.reuse_items import build_passages, load_bench_items
     from ragsnap.compression import make_press
-    from ragsnap.engine.execute import PlanExecutor
     from ragsnap.engine.loading import plain_runtime
     from ragsnap.eval.fidelity import compare, full_reference
     from ragsnap.prompt.assembly import assemble_prompt, encode_user_text
@@ -74,18 +73,8 @@ def main() -> None:
     scratch = tempfile.TemporaryDirectory()
     store = open_store(f"file://{scratch.name}")
     tiers = {
-        v["name"]: PlanExecutor(
-            runtime,
-            CachedPrefill(
-                runtime.loaded,
-                store,
-                runtime.cache_from,
-                prefix_cache=False,
-                document_cache=True,
-                blend_reason=runtime.blend_support(),
-            ),
-            v["share"],
-            v.get("select", blend.DEFAULT_SELECTION),
+        v["name"]: document_reuse(
+            runtime, store, v["share"], v.get("select", blend.DEFAULT_SELECTION)
         )
         for v in variants
     }

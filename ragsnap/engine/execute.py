@@ -10,8 +10,8 @@ interleaves it with decode steps, so every entrance runs the same computation fo
 plan, and sends a greedy answer's first token at the same point.
 
 exact hit     the stored compressed cache; no pass.
-prefix hit    the tail over the loaded prefix (:func:`ragsnap.runtime.tails.prefill_tails`,
-              several hits in shared passes: :meth:`PlanExecutor.finish_prefix_hits`).
+prefix hit    the tail over the loaded prefix (:mod:`ragsnap.runtime.tails`; several hits
+              in shared passes: :meth:`PlanExecutor.finish_prefix_hits`).
 document hit  the prefix assembled from the pieces with a share recomputed
               (:func:`ragsnap.runtime.blend.blend_prefix`), then the tail on it.
 cold          the document prefix's full pass, then the tail on it (the prefix goes to the

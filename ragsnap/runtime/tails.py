@@ -34,7 +34,6 @@ from ragsnap.runtime.prefill import (
     PREFIX_LOADED,
     PrefillResult,
     PromptLogits,
-    drain,
     window_floor,
 )
 
@@ -66,29 +65,6 @@ def batchable(model: Any, tails: Sequence[Tail]) -> bool:
     return all(t.press.window_only and len(t.input_ids) >= longest for t in tails)
 
 
-def prefill_tails(
-    model: Any,
-    cache_kwarg: str,
-    tails: Sequence[Tail],
-    stop_ids: Collection[int] = (),
-    scratch: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-    workers: Executor | None = None,
-) -> list[PrefillResult]:
-    """Prefill, draft and compress every tail of ``tails`` (see the module docstring); one
-    result per tail, as ``prefill(input_ids, press, cache=prefix, start=start)`` gives it
-    (up to float noise). ``prefill_s`` is the batch's shared time plus the row's
-    compression; ``stop_ids`` end a draft. ``scratch`` is batch memory to reuse (see
-    :meth:`BatchedKV.of_rows`): no result refers to it. ``workers`` compress the rows in
-    parallel (each row is independent once the shared passes are done); None: in turn.
-
-    Raises ValueError when the tails are not :func:`batchable`.
-    """
-    results: list[PrefillResult] = drain(
-        prefill_tails_steps(model, cache_kwarg, tails, stop_ids, scratch, workers)
-    )
-    return results
-
-
 def prefill_tails_steps(
     model: Any,
     cache_kwarg: str,
@@ -97,9 +73,18 @@ def prefill_tails_steps(
     scratch: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     workers: Executor | None = None,
 ) -> Generator[PromptLogits, None, list[PrefillResult]]:
-    """:func:`prefill_tails` (same arguments) as a generator: it yields the tails' last
-    logits (:class:`PromptLogits`, ``[B, V]``) after their shared pass, before the draft
-    and the compression."""
+    """Prefill, draft and compress every tail of ``tails`` (see the module docstring); one
+    result per tail, as ``prefill(input_ids, press, cache=prefix, start=start)`` gives it
+    (up to float noise). A generator: it yields the tails' last logits
+    (:class:`PromptLogits`, ``[B, V]``) after their shared pass, before the draft and the
+    compression (:func:`~ragsnap.runtime.prefill.drain` runs it through). ``prefill_s`` is
+    the batch's shared time plus the row's compression; ``stop_ids`` end a draft.
+    ``scratch`` is batch memory to reuse (see :meth:`BatchedKV.of_rows`): no result refers
+    to it. ``workers`` compress the rows in parallel (each row is independent once the
+    shared passes are done); None: in turn.
+
+    Raises ValueError when the tails are not :func:`batchable`.
+    """
     if not batchable(model, tails):
         raise ValueError("these tails cannot be finished in one batch")
     length = max(len(t.input_ids) - t.start for t in tails)

@@ -285,6 +285,7 @@ def compare_tails(
     compressed in turn and side by side (medians; the shared passes' part of each)."""
     from ragsnap.compression.words import word_starts
     from ragsnap.runtime import tails as _tails
+    from ragsnap.runtime.prefill import drain
 
     tail_tokens = 40
     prompts = [prompt_of_length(runtime, context + tail_tokens, seed=i) for i in range(max(levels))]
@@ -301,13 +302,15 @@ def compare_tails(
                     for p, prefix, starts in zip(prompts[:c], prefixes[:c], words[:c], strict=True)
                 ]
                 started = time.perf_counter()
-                done = _tails.prefill_tails(
-                    runtime.model,
-                    runtime.cache_kwarg,
-                    tails,
-                    runtime.stop_ids,
-                    scratch,
-                    workers,
+                done = drain(
+                    _tails.prefill_tails_steps(
+                        runtime.model,
+                        runtime.cache_kwarg,
+                        tails,
+                        runtime.stop_ids,
+                        scratch,
+                        workers,
+                    )
                 )
                 elapsed = time.perf_counter() - started
                 shared = done[0].prefill_s - done[0].compress_s

@@ -103,6 +103,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def document_reuse(runtime: Any, store: Any, share: float, select: str) -> Any:
+    """A :class:`~ragsnap.engine.execute.PlanExecutor` over tiers of its own on ``store``
+    that reuse documents only (no prefix entries), recomputing ``share`` of each piece's
+    tokens chosen by ``select``."""
+    from ragsnap.cache.tiers.cached_prefill import CachedPrefill
+    from ragsnap.engine.execute import PlanExecutor
+
+    tiers = CachedPrefill(
+        runtime.loaded,
+        store,
+        runtime.cache_from,
+        prefix_cache=False,
+        document_cache=True,
+        blend_reason=runtime.blend_support(),
+    )
+    return PlanExecutor(runtime, tiers, share, select)
+
+
 def _since(started: float) -> float:
     """Seconds since ``started`` (after the device finished its queued work)."""
     if torch.cuda.is_available():
@@ -112,12 +130,10 @@ def _since(started: float) -> float:
 
 def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, start to end
     from ragsnap.cache import open_store
-    from ragsnap.cache.tiers.cached_prefill import CachedPrefill
     from ragsnap.cli.bench.reuse_items import build_passages, load_bench_items
     from ragsnap.cli.bench.reuse_scores import answer_scores, run_summary
     from ragsnap.compression import make_press
     from ragsnap.compression.lookup_focus import uses_focus
-    from ragsnap.engine.execute import PlanExecutor
     from ragsnap.engine.loading import plain_runtime
     from ragsnap.engine.options import given_fields
     from ragsnap.eval.fidelity import compare, full_reference
@@ -159,22 +175,11 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
     scratch = tempfile.TemporaryDirectory(prefix="ragsnap-bench-reuse-")
     store = open_store(f"file://{scratch.name}")
     # per variant its own tiers (its own unwritten and loaded entries) on the one store
-    stores = {
-        name(share, select): CachedPrefill(
-            runtime.loaded,
-            store,
-            runtime.cache_from,
-            prefix_cache=False,
-            document_cache=True,
-            blend_reason=runtime.blend_support(),
-        )
-        for share, select in variants
-    }
     tiers = {
-        name(share, select): PlanExecutor(runtime, stores[name(share, select)], share, select)
+        name(share, select): document_reuse(runtime, store, share, select)
         for share, select in variants
     }
-    stored = next(iter(stores.values()))
+    stored = next(iter(tiers.values())).tiers
     namespace = f"bench-{uuid.uuid4().hex[:12]}"
     frame = assemble_prompt(tokenizer, "q", [], max_prompt_tokens=args.context).num_tokens
     per_doc = max(32, (args.context - frame - 48) // args.docs)
@@ -266,7 +271,7 @@ def run(args: argparse.Namespace) -> int:  # noqa: PLR0915 - one benchmark, star
                 **answer_scores(runtime, layout, question, reused, tokens, **target),
             }
             store.delete(
-                stores[share].entry_keys(layout, press.config(), question, namespace)[0]
+                tiers[share].tiers.entry_keys(layout, press.config(), question, namespace)[0]
             )  # no exact hit next
         rows.append(row)
         logger.info(
