@@ -28,7 +28,6 @@ def test_quantize_keeps_each_value_within_half_a_step_of_its_own_vector():
     back = int8_kv.dequantize(q, scale, torch.float32)
     assert bool(((back - x).abs() <= scale / 2 + 1e-12).all())
     assert torch.equal(back[0, 0, 3], torch.zeros(16))
-    assert torch.equal(int8_kv.round_trip(x), back)
 
 
 def test_an_int8_compressed_entry_round_trips_close_at_a_third_of_the_bytes():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import sys
+
 import pytest
 import torch
 
@@ -142,3 +144,25 @@ def test_work_in_a_passing_thread_returns_or_raises_there_and_leaves_the_caller_
 
     with pytest.raises(ConfigError, match="no such model"):
         in_a_passing_thread(failing)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_a_background_thread_computes_on_one_torch_thread_at_the_lowest_priority():
+    import os
+    import threading
+
+    import torch
+
+    from ragsnap.runtime.threads import (
+        BACKGROUND_NICE,
+        background_torch_thread,
+        in_a_passing_thread,
+    )
+
+    def work() -> tuple[int, int]:
+        background_torch_thread()
+        return torch.get_num_threads(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert in_a_passing_thread(work) == (1, BACKGROUND_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller  # only its own

@@ -5,8 +5,10 @@ document sets writes no full-KV entries; ``prefix_store="always"`` writes every 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ragsnap.cache import open_store
+from ragsnap.cache.report import CacheReport
 from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
 from ragsnap.prompt.documents import Document
 from ragsnap.runtime.generation import GenerationConfig
@@ -93,3 +95,20 @@ def test_a_bad_setting_is_one_line_naming_it(loaded, tmp_path):
 
     with pytest.raises(ConfigError, match="setting prefix_store: .*'recurring' or 'always'"):
         engine_on(loaded, tmp_path, prefix_store="sometimes")
+
+
+def test_after_its_write_the_memory_holds_the_prefix_as_another_process_loads_it(loaded, tmp_path):
+    engine = engine_on(loaded, tmp_path, prefix_store="always")
+    assert engine.tiers is not None and engine.tiers.prefix_dtype is not None  # rounded
+    layout = engine.prompt_of(words(40, 4), DOCS, OPTIONS)
+    prompt = engine.executor.plan(layout, OPTIONS.press, words(40, 4), "ns")
+    ask(engine, words(40, 4))
+    held = engine.tiers.memory.get(prompt.plan.prefix_key)  # rounded as stored
+    other = engine_on(loaded, tmp_path)
+    assert other.tiers is not None
+    report = CacheReport(status="miss")
+    key = prompt.plan.prefix_key
+    stored_layers = other.tiers.load_prefix_entry(key, layout.prefix_len, report)
+    assert held is not None and stored_layers is not None and report.bytes_read > 0
+    for (k, v), (sk, sv) in zip(held, stored_layers, strict=True):
+        assert torch.equal(k, sk) and torch.equal(v, sv)

@@ -28,9 +28,3 @@ def dequantize(
 ) -> torch.Tensor:
     """``q`` int8 ``[..., D]`` times ``scale`` ``[..., 1]``, as ``dtype`` on ``device``."""
     return (q.to(device, torch.float32) * scale.to(device, torch.float32)).to(dtype)
-
-
-def round_trip(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as an int8 entry gives it back (same shape, dtype and device)."""
-    q, scale = quantize(x)
-    return dequantize(q, scale, x.dtype, x.device)

@@ -60,7 +60,7 @@ from ragsnap.prompt.documents import Document
 from ragsnap.runtime.decode import DecodeRow
 from ragsnap.runtime.llama_pass import ChunkFeed
 from ragsnap.runtime.prefill import ChunkStep, PromptLogits, Step
-from ragsnap.runtime.threads import one_torch_thread, torch_threads
+from ragsnap.runtime.threads import background_torch_thread, one_torch_thread, torch_threads
 
 if TYPE_CHECKING:
     import torch
@@ -243,7 +243,7 @@ class Scheduler:
             max_workers=1, thread_name_prefix="ragsnap-finish", initializer=one_torch_thread
         )
         self._writer = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="ragsnap-store", initializer=one_torch_thread
+            max_workers=1, thread_name_prefix="ragsnap-store", initializer=background_torch_thread
         )
         self._thread = threading.Thread(target=self._run, name="ragsnap-scheduler", daemon=True)
         self._thread.start()

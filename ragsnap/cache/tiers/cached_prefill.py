@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ragsnap.cache import int8_kv, keys
+from ragsnap.cache import keys
 from ragsnap.cache.backends.store import EntryKey, KVStore, StoreUnavailable
 from ragsnap.cache.report import CacheReport
 from ragsnap.cache.serialization import (
@@ -336,20 +336,30 @@ class CachedPrefill:
         pending, report.pending = report.pending, []
         for key, payload in pending:
             counted = CacheReport(status=report.status)  # its bytes were counted when queued
-            written = report.status != "unavailable" and self._put(key, payload, counted)
+            data = None if report.status == "unavailable" else self._put(key, payload, counted)
             report.status = counted.status
-            if written and key.kind == KIND_COMPRESSED:
-                self._deserialize(key, payload())  # the next hit, from memory
-            elif written and key.kind == KIND_PREFIX:
-                self._as_written(key)
+            if data is not None and key.kind == KIND_COMPRESSED:
+                self._deserialize(key, data)  # the next hit, from memory
+            elif data is not None and key.kind == KIND_PREFIX:
+                self._as_written(key, data)
             self.unwritten.written(key)
 
-    def _as_written(self, key: EntryKey) -> None:
-        """The prefix memory's copy of ``key``, whose entry was just written, as a load of
-        the entry gives it (so every process's next prefix hit starts from the same KV)."""
+    def _as_written(self, key: EntryKey, data: bytes) -> None:
+        """The prefix memory's copy of ``key``, whose entry ``data`` was just written, as a
+        load of the entry gives it (so every process's next prefix hit starts from the
+        same KV); loaded from ``data`` rather than rounded again (half the time)."""
         held = self.memory.get(key)
-        if held is not None and self.prefix_dtype is not None:
-            self.memory.put(key, self._as_stored(held))
+        if held is None or self.prefix_dtype is None:
+            return
+        try:
+            layers = deserialize_prefix(
+                data, prefix_len=held[0][0].shape[2], **self.entry_identity()
+            )
+        except Exception:  # what was just written does not load: nothing serves from it
+            logger.exception("prefix entry %s does not load back", key.digest[:12])
+            self.memory.discard(key)
+            return
+        self.memory.put(key, layers)
 
     # -- store access, never raising ----------------------------------------------------
 
@@ -366,19 +376,21 @@ class CachedPrefill:
             logger.exception("cache read failed for %s; treating it as a miss", key.digest[:12])
         return None
 
-    def _put(self, key: EntryKey, payload: Callable[[], bytes], report: CacheReport) -> bool:
-        """Write ``payload`` under ``key``; whether the store took it."""
+    def _put(
+        self, key: EntryKey, payload: Callable[[], bytes], report: CacheReport
+    ) -> bytes | None:
+        """Write ``payload`` under ``key``; the bytes the store took, or None."""
         try:
             data = payload()
             if self.store.put(key, data):
                 report.bytes_written += len(data)
-                return True
+                return data
         except StoreUnavailable as exc:
             logger.warning("cache unavailable, entry not stored: %s", exc)
             report.status = "unavailable"
         except Exception:
             logger.exception("cache write failed for %s; the answer goes on", key.digest[:12])
-        return False
+        return None
 
     def _put_later(self, key: EntryKey, result: PrefillResult, report: CacheReport) -> None:
         """Serialize ``result`` now and write it after the answer (:meth:`finish`), or now
@@ -467,16 +479,6 @@ class CachedPrefill:
             revision=loaded.revision,
             storage_dtype=self.prefix_dtype,
         )
-
-    def _as_stored(self, layers: Layers) -> Layers:
-        """``layers`` as a load of a prefix entry returns them (rounded to its dtype)."""
-        dtype = self.prefix_dtype
-        if dtype is None:
-            return layers
-        with torch.inference_mode():
-            if dtype == torch.int8:
-                return [(int8_kv.round_trip(k), int8_kv.round_trip(v)) for k, v in layers]
-            return [(k.to(dtype).to(k.dtype), v.to(dtype).to(v.dtype)) for k, v in layers]
 
     def _load_prefix(
         self, key: EntryKey, layout: PromptLayout, report: CacheReport
