@@ -191,7 +191,7 @@ def test_drafts_guessed_from_the_prompts_are_the_one_token_drafts_in_fewer_passe
         )
     ]
     runs = []
-    for contexts in ((), prompts):
+    for contexts, lean in (((), None), (prompts, None), (prompts, engine.runtime.lean)):
         prefixes = [engine.runtime.prefill_full(ids[:-1]) for ids in prompts]
         starts = [len(ids) - 1 for ids in prompts]
         batch = BatchedKV.of_rows(engine.runtime.windows, prefixes, starts, reserve=16)
@@ -205,18 +205,21 @@ def test_drafts_guessed_from_the_prompts_are_the_one_token_drafts_in_fewer_passe
 
         model.forward = counted
         try:
-            queries, drafts = draft_rows(model, kwarg, batch, logits, [8, 8], set(), contexts)
+            queries, drafts = draft_rows(model, kwarg, batch, logits, [8, 8], set(), contexts, lean)
         finally:
             del model.forward
         runs.append((queries, drafts, batch, len(calls)))
-    (q1, d1, b1, passes1), (q2, d2, b2, passes2) = runs
-    assert d2 == d1 and all(len(d) == 8 for d in d1)
+    (q1, d1, b1, passes1), (q2, d2, b2, passes2), (q3, d3, b3, passes3) = runs
+    assert d3 == d2 == d1 and all(len(d) == 8 for d in d1)
     assert passes2 < passes1 == 8
+    assert passes3 == 0  # the lean pass ran them, recording the queries itself
     for layer in q1:
         torch.testing.assert_close(q2[layer], q1[layer], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(q3[layer], q1[layer], atol=1e-4, rtol=1e-4)
     # each row's prompt and draft; a row done early fed the others' passes past its draft
     for r, ids in enumerate(prompts):
         end = len(ids) + len(d1[r])
-        for (k1, v1), (k2, v2) in zip(b1.row_layers(r), b2.row_layers(r), strict=True):
-            torch.testing.assert_close(k2[:, :, :end], k1[:, :, :end], atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(v2[:, :, :end], v1[:, :, :end], atol=1e-4, rtol=1e-4)
+        for b in (b2, b3):
+            for (k1, v1), (k2, v2) in zip(b1.row_layers(r), b.row_layers(r), strict=True):
+                torch.testing.assert_close(k2[:, :, :end], k1[:, :, :end], atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(v2[:, :, :end], v1[:, :, :end], atol=1e-4, rtol=1e-4)

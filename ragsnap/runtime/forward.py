@@ -314,6 +314,7 @@ def forward_rows(
     *,
     last: bool,
     lean: LlamaPass | None = None,
+    queries: dict[int, list[torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """Feed row ``r`` the tokens ``tokens[r]`` at its own next positions and append them.
 
@@ -322,8 +323,11 @@ def forward_rows(
     with fewer tokens are padded; a padded query only sees its own row's keys, so it
     stays finite, and its entries are not kept. With ``lean`` (the model's
     :class:`~ragsnap.runtime.llama_pass.LlamaPass`) the pass skips transformers' module
-    tree; forward hooks and attention observers then see nothing of it.
+    tree; forward hooks and attention observers then see nothing of it, and ``queries``
+    records each layer's queries instead (see :meth:`LlamaPass.__call__`).
     """
+    if queries is not None and lean is None:
+        raise ValueError("queries are recorded by the lean pass only")
     counts = [len(t) for t in tokens]
     if len(counts) != batch.rows or min(counts, default=0) < 1:
         raise ValueError("every row needs at least one new token")
@@ -334,7 +338,9 @@ def forward_rows(
     equal = len(set(counts)) == 1
     if lean is not None:
         batch.make_room(q_len)
-        logits = lean(batch, ids, positions, batch.masks(q_len), last_only=last and equal)
+        logits = lean(
+            batch, ids, positions, batch.masks(q_len), last_only=last and equal, queries=queries
+        )
     else:
         cache = batch.model_cache(q_len)
         with step_masks(batch.masks(q_len)):

@@ -80,15 +80,18 @@ class LlamaPass:
         positions: torch.Tensor,
         masks: Mapping[int, StepMask],
         last_only: bool,
+        queries: dict[int, list[torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """Feed ``ids`` ``[B, q]`` at ``positions`` ``[B, q]`` to the rows of ``batch`` (a
         :class:`~ragsnap.runtime.forward.BatchedKV` with room for ``q`` more entries per row
         and layer), writing each layer's new entries after each row's own (``batch.write``)
         and attending with ``masks[l]`` over layer ``l``'s buffer up to ``K_l + q``. Returns
         logits ``[B, 1, V]`` for the last position when ``last_only``, else ``[B, q, V]``.
-        Advancing the rows' lengths is the caller's.
+        Advancing the rows' lengths is the caller's. ``queries``: each layer's queries
+        (RoPE applied, ``[B, Hq, q, D]`` float) are appended to ``queries[layer]``, as
+        :func:`~ragsnap.compression.hooks.query_capture` records them from the module tree.
         """
-        return self.lanes([(batch, masks)], ids, positions, last_only)
+        return self.lanes([(batch, masks)], ids, positions, last_only, queries=queries)
 
     @torch.inference_mode()
     def lanes(
@@ -98,6 +101,7 @@ class LlamaPass:
         positions: torch.Tensor,
         last_only: bool,
         chunk: ChunkFeed | None = None,
+        queries: dict[int, list[torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """:meth:`__call__` over several batches at once: ``ids`` and ``positions`` hold
         their rows one batch after the other (``[B_1 + B_2 + ..., q]``); the linears run
@@ -135,6 +139,8 @@ class LlamaPass:
             query = query * cos + _rotate_half(query) * sin
             key = key * cos + _rotate_half(key) * sin
             row_query = query[:rows].view(b, q_len, -1, d).transpose(1, 2)  # [B, Hq, q, D]
+            if queries is not None:
+                queries.setdefault(i, []).append(row_query.float())
             row_key = key[:rows].view(b, q_len, -1, d).transpose(1, 2)  # [B, Hkv, q, D]
             row_value = value[:rows].view(b, q_len, -1, d).transpose(1, 2)
             outs = []

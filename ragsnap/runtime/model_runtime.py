@@ -234,6 +234,7 @@ class ModelRuntime:
                 self.stop_ids,
                 self._tail_scratch,
                 self.row_workers(threads) if len(tails) > 1 and threads > 1 else None,
+                self.lean,
             )
         )
 
