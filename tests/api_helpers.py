@@ -24,6 +24,15 @@ DOCS = [
 FAST = {"press": "snapkv", "budget": 48, "window": 8}
 
 
+def fast_settings(**fields: Any) -> Any:
+    """Server settings whose default press is :data:`FAST`, with ``fields`` over them."""
+    from ragsnap.api.settings import Settings
+
+    return Settings(
+        default_press=FAST["press"], budget=FAST["budget"], window=FAST["window"], **fields
+    )
+
+
 def parse_sse(lines: Iterable[str]) -> Iterator[tuple[str, Any]]:
     """``(event name, decoded data)`` for each event of a Server-Sent Events body."""
     name, data = "message", []

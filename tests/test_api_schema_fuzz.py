@@ -19,7 +19,7 @@ from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
-from tests.api_helpers import FAST, running_server  # noqa: E402
+from tests.api_helpers import fast_settings, running_server  # noqa: E402
 
 pytestmark = pytest.mark.model
 
@@ -37,9 +37,7 @@ BEYOND_JSON_SCHEMA = (
 
 
 def _limits(**extra):
-    from ragsnap.api.settings import Settings
-
-    return Settings(
+    return fast_settings(
         max_documents=3,
         max_document_bytes=400,
         max_total_bytes=800,
@@ -51,9 +49,6 @@ def _limits(**extra):
         default_max_new_tokens=2,
         max_body_bytes=4_000_000,  # invalid bodies reach validation (a 413 would come first)
         max_queue=64,
-        default_press=FAST["press"],
-        budget=FAST["budget"],
-        window=FAST["window"],
         **extra,
     )
 

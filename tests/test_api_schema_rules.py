@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.api_helpers import DOCS, FAST
+from tests.api_helpers import DOCS, FAST, fast_settings
 from tests.local_client import LocalClient
 
 pytestmark = pytest.mark.model
@@ -16,15 +16,7 @@ QUESTION = "What causes tides?"
 
 
 def _settings(**extra):
-    from ragsnap.api.settings import Settings
-
-    return Settings(
-        max_new_tokens_limit=8,
-        default_press=FAST["press"],
-        budget=FAST["budget"],
-        window=FAST["window"],
-        **extra,
-    )
+    return fast_settings(max_new_tokens_limit=8, **extra)
 
 
 @pytest.fixture(scope="module")

@@ -223,3 +223,42 @@ def test_drafts_guessed_from_the_prompts_are_the_one_token_drafts_in_fewer_passe
             for (k1, v1), (k2, v2) in zip(b1.row_layers(r), b.row_layers(r), strict=True):
                 torch.testing.assert_close(k2[:, :, :end], k1[:, :, :end], atol=1e-4, rtol=1e-4)
                 torch.testing.assert_close(v2[:, :, :end], v1[:, :, :end], atol=1e-4, rtol=1e-4)
+
+
+def test_a_row_whose_guesses_are_confirmed_never_outgrows_the_batch(monkeypatch) -> None:
+    """Every row feeds each draft pass, its own draft done or not: the longest prompt,
+    its guesses confirmed so that it drafts all its tokens in the first pass, keeps
+    growing while another row drafts one token a pass. The batch's room covers it
+    (regrowing copies every row's whole prompt)."""
+    import ragsnap.runtime.tails as tails_module
+    from ragsnap.runtime.drafts import Drafts
+
+    engine = tiny_engine("llama")
+    runtime = engine.runtime
+    runtime.stop_ids = set()
+    tails = []
+    for length in (200, 120):
+        ids = random_prompt(length, seed=length)
+        prefix = runtime.prefill_full(ids[: length - 10])
+        press = make_press("ragsnap-lookahead", budget=24, window=8, lookahead=8)
+        tails.append(Tail(ids, prefix, length - 10, press))
+    drafts = [r.draft for r in runtime.prefill_tails(tails)]  # greedy's, guessed or not
+    known = {200: drafts[0]}
+
+    class Confirmed(Drafts):
+        def draft(self, k: int) -> list[int]:  # the long row guesses what greedy picks
+            done = len(self.tokens) - self.answer_start
+            return known.get(self.answer_start, [])[done : done + k]
+
+    grown: list[tuple[int, int]] = []
+    grow = BatchedKV._grow
+
+    def recording(self, layer: int, needed: int) -> None:
+        if needed > self.keys[layer].shape[2]:
+            grown.append((self.keys[layer].shape[2], needed))
+        grow(self, layer, needed)
+
+    monkeypatch.setattr(tails_module, "Drafts", Confirmed)
+    monkeypatch.setattr(BatchedKV, "_grow", recording)
+    assert [r.draft for r in runtime.prefill_tails(tails)] == drafts
+    assert grown == []
