@@ -262,3 +262,70 @@ def test_a_row_whose_guesses_are_confirmed_never_outgrows_the_batch(monkeypatch)
     monkeypatch.setattr(BatchedKV, "_grow", recording)
     assert [r.draft for r in runtime.prefill_tails(tails)] == drafts
     assert grown == []
+
+
+def test_draft_passes_computed_in_decode_steps_give_what_each_gives_alone() -> None:
+    """A prefix-hit group's draft passes ride the running rows' decode steps (one lean pass
+    for both, :class:`DraftPass`): the group's drafts and compressed caches, and the rows'
+    tokens, are those each gives alone."""
+    from ragsnap.runtime.forward import DraftPass
+
+    engine = tiny_engine("llama")
+    runtime = engine.runtime
+    runtime.stop_ids = set()
+
+    def group():
+        tails = []
+        for length, prefix_len, (name, options) in CASES[:3]:
+            ids = random_prompt(length, seed=length)
+            start = min(prefix_len, length - options["window"])
+            tails.append(
+                Tail(
+                    ids, runtime.prefill_full(ids[:prefix_len]), start, make_press(name, **options)
+                )
+            )
+        return tails
+
+    press = make_press("snapkv", budget=24, window=8)
+    requests = [
+        (
+            runtime.prefill(random_prompt(50 + 9 * i, seed=40 + i), press),
+            GenerationConfig(max_new_tokens=12),
+        )
+        for i in range(3)
+    ]
+    alone_rows = []
+    for prefill, generation in requests:
+        batch = runtime.decode_batch(stop_ids=set())
+        row = batch.add(0, prefill, generation)
+        for _ in batch.run():
+            pass
+        alone_rows.append(row.tokens)
+    alone = runtime.prefill_tails(group())
+
+    batch = runtime.decode_batch(stop_ids=set())
+    rows = [batch.add(i, p, g) for i, (p, g) in enumerate(requests)]
+    steps = runtime.prefill_tails_steps(group())
+    passes = rode = 0
+    while True:
+        try:
+            step = next(steps)
+        except StopIteration as finished:
+            together = finished.value
+            break
+        if isinstance(step, DraftPass):
+            passes += 1
+            batch.step(draft=step)
+            rode += step.logits is not None
+    for _ in batch.run():
+        pass
+    assert passes >= 3 and rode == passes  # the longest draft (8 tokens) took several passes
+    assert [row.tokens for row in rows] == alone_rows
+    for a, b in zip(alone, together, strict=True):
+        assert b.draft == a.draft
+        assert torch.allclose(b.next_logits, a.next_logits, atol=1e-4)
+        for x, y in zip(a.kept, b.kept, strict=True):
+            assert torch.equal(x.indices, y.indices)
+            assert torch.allclose(x.values, y.values, rtol=1e-3, atol=1e-3)
+        for layer, bias in a.bias.items():
+            assert torch.allclose(b.bias[layer], bias, atol=1e-3)

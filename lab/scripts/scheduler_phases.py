@@ -100,6 +100,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import ragsnap.runtime.prefill as prefill_module
+    import ragsnap.runtime.tails as tails_module
     from ragsnap.cli.bench.peer_workload import build_workload, load_workload_items
     from ragsnap.compression.hooks import CompressionRecorder
     from ragsnap.engine.engine import RagSnapEngine
@@ -133,7 +134,13 @@ def main() -> None:
             timings.wrap(
                 scheduler.batch,
                 "step",
-                lambda chunk=None: "decode step with a chunk" if chunk else "decode step",
+                lambda chunk=None, draft=None: (
+                    "decode step with a chunk"
+                    if chunk
+                    else "decode step with a draft pass"
+                    if draft
+                    else "decode step"
+                ),
             )
             timings.wrap(scheduler, "_next_chunk", "chunk or press apart from decode")
             timings.wrap(scheduler, "_finish_prefix_hits", "prefix-hit group")
@@ -158,6 +165,8 @@ def main() -> None:
     timings = Timings()
     timings.wrap(prefill_module, "forward_chunk", "  of which: a chunk's model pass")
     timings.wrap(prefill_module, "draft_queries", "  of which: lookahead draft")
+    timings.wrap(tails_module, "draft_rows", "  of which: a prefix-hit group's draft")
+    timings.wrap(tails_module.BatchedKV, "of_rows", "  of which: a prefix-hit group's batch")
     timings.wrap(CompressionRecorder, "compress_pending", "compression (any thread)")
     timings.wrap(engine, "finish", "finisher thread: citations, verdict")
     timings.wrap(engine, "store_pending", "store thread: entry writes")

@@ -40,7 +40,7 @@ from ragsnap.prompt.order import fit_prompt
 from ragsnap.runtime.decode import DecodeBatch, DecodeRow, LogitsProcessor
 from ragsnap.runtime.generation import GenerationConfig
 from ragsnap.runtime.loading.models import EMBEDDED, LoadedModel
-from ragsnap.runtime.prefill import PrefillResult, PromptLogits, Step, drain
+from ragsnap.runtime.prefill import PrefillResult, Step, drain
 
 __all__ = [
     "AnswerOptions",
@@ -215,9 +215,9 @@ class RagSnapEngine:
 
     def finish_prefix_hits(
         self, pending: Sequence[PendingAnswer]
-    ) -> Generator[PromptLogits, None, list[PreparedAnswer]]:
-        """Finish the tails of ``pending`` together (their last logits yielded first); each
-        is then ready to decode (its entry written by :meth:`finish`, :meth:`store_pending`)."""
+    ) -> Generator[Step, None, list[PreparedAnswer]]:
+        """Finish the tails of ``pending`` together (their last logits, then each draft pass,
+        yielded on the way); each is then ready to decode (entries: :meth:`store_pending`)."""
         results = yield from self.executor.finish_prefix_hits([p.prompt for p in pending])
         return [p.prepared(result) for p, result in zip(pending, results, strict=True)]
 

@@ -36,6 +36,7 @@ from ragsnap.prompt.assembly import PromptLayout
 from ragsnap.prompt.focus import prompt_focus
 from ragsnap.prompt.structure import prompt_roles
 from ragsnap.runtime.blend import PlacedPiece
+from ragsnap.runtime.forward import DraftPass
 from ragsnap.runtime.kv import cache_nbytes, crop_layers
 from ragsnap.runtime.model_runtime import ModelRuntime
 from ragsnap.runtime.prefill import PrefillResult, PromptLogits, Step, drain, tail_start
@@ -144,11 +145,12 @@ class PlanExecutor:
 
     def finish_prefix_hits(
         self, prompts: Sequence[PlannedPrompt]
-    ) -> Generator[PromptLogits, None, list[PrefillResult]]:
+    ) -> Generator[PromptLogits | DraftPass, None, list[PrefillResult]]:
         """Finish prefix hits in shared passes where they batch (one result per prompt;
         prompts of the same entry share one); an entry another request stored meanwhile is
         loaded instead. Shared passes yield the prompts' last logits (``[len(prompts),
-        V]``, :class:`PromptLogits`) before their draft and compression."""
+        V]``, :class:`PromptLogits`) before their draft and compression, then each draft
+        pass (:class:`DraftPass`, which its driver may compute beside other rows)."""
         assert self.tiers is not None, "prefix hits come from the cache tiers"
         unique = list({self._hit(p).key: p for p in prompts}.values())
         results: dict[object, PrefillResult] = {}
@@ -278,10 +280,12 @@ class PlanExecutor:
 
 
 def _in_prompt_order(
-    steps: Generator[PromptLogits, None, list[PrefillResult]], rows: list[int | torch.Tensor]
-) -> Generator[PromptLogits, None, list[PrefillResult]]:
+    steps: Generator[PromptLogits | DraftPass, None, list[PrefillResult]],
+    rows: list[int | torch.Tensor],
+) -> Generator[PromptLogits | DraftPass, None, list[PrefillResult]]:
     """``steps``' logits again, one row per prompt: prompt ``i``'s row ``rows[i]`` of the
-    computed tails, or its own logits ``[1, V]`` (an entry loaded); returns their results."""
+    computed tails, or its own logits ``[1, V]`` (an entry loaded); their draft passes as
+    they are; returns their results."""
     try:
         while True:
             try:
@@ -289,6 +293,9 @@ def _in_prompt_order(
             except StopIteration as finished:
                 results: list[PrefillResult] = finished.value
                 return results
+            if isinstance(step, DraftPass):
+                yield step
+                continue
             yield PromptLogits(
                 torch.cat([step.logits[r : r + 1] if isinstance(r, int) else r for r in rows])
             )

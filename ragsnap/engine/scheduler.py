@@ -58,6 +58,7 @@ from ragsnap.engine.events import AnswerEvent, TokenEvent
 from ragsnap.errors import KVMemoryError
 from ragsnap.prompt.documents import Document
 from ragsnap.runtime.decode import DecodeRow
+from ragsnap.runtime.forward import DraftPass
 from ragsnap.runtime.llama_pass import ChunkFeed
 from ragsnap.runtime.prefill import ChunkStep, PromptLogits, Step
 from ragsnap.runtime.threads import background_torch_thread, one_torch_thread, torch_threads
@@ -426,16 +427,22 @@ class Scheduler:
             self._busy = outer
 
     def _finish_prefix_hits(self, hits: list[tuple[Request, PendingAnswer]]) -> None:
-        """Their shared passes; each first token goes out once its logits exist."""
+        """Their shared passes; each first token goes out once its logits exist, and each
+        pass of their draft runs in a decode step of the running rows where the batch can
+        (:meth:`DecodeBatch.step`): the rows keep decoding, the weights read once for both."""
         steps = self.engine.finish_prefix_hits([pending for _, pending in hits])
         try:
             with torch_threads(self.prefill_threads):
                 while True:
                     try:
-                        self._send_first(hits, next(steps).logits)
+                        step = next(steps)
                     except StopIteration as finished:
                         prepared: list[PreparedAnswer] = finished.value
                         break
+                    if isinstance(step, PromptLogits):
+                        self._send_first(hits, step.logits)
+                    elif self._running:  # else the draft runs the pass itself
+                        self._decode_step(draft=step)
         except Exception as exc:
             steps.close()
             for request, _ in hits:
@@ -521,8 +528,9 @@ class Scheduler:
         """``top``'s next chunk; on the way, its first token once the prompt's last logits
         exist (:meth:`_send_first`). StopIteration when it has none left."""
         step = next(top.steps)
-        while isinstance(step, PromptLogits):
-            self._send_first([(top.request, top.planned)], step.logits)
+        while not isinstance(step, ChunkStep):  # a draft pass left to it runs itself
+            if isinstance(step, PromptLogits):
+                self._send_first([(top.request, top.planned)], step.logits)
             step = next(top.steps)
         return step
 
@@ -706,22 +714,23 @@ class Scheduler:
             early=early is not None,
         )
 
-    def _decode_step(self, chunk: ChunkFeed | None = None) -> None:
-        """One decode step of the running rows (``chunk``: a prefill chunk computed in the
-        same pass where the batch can; see :meth:`DecodeBatch.step`)."""
+    def _decode_step(self, chunk: ChunkFeed | None = None, draft: DraftPass | None = None) -> None:
+        """One decode step of the running rows (``chunk``: a prefill chunk, ``draft``: a
+        draft pass of prefix hits, computed in the same pass where the batch can; see
+        :meth:`DecodeBatch.step`)."""
         for key, running in self._running.items():
             if running.request.is_cancelled():
                 self.batch.cancel(key)
         try:
-            outputs = self.batch.step(chunk)
+            outputs = self.batch.step(chunk) if draft is None else self.batch.step(draft=draft)
         except Exception as exc:  # the batch is unusable: every row fails, the loop goes on
             logger.exception("decode step failed")
             failed, self._running = list(self._running.values()), {}
             self.batch = self.engine.decode_batch()
             for running in failed:
                 running.request.fail(exc)
-            if chunk is not None:  # the prompt's cache may hold part of the chunk: it fails too
-                raise
+            if chunk is not None or draft is not None:  # its cache may hold part of the pass:
+                raise  # it fails too
             return
         rows = len({out.key for out in outputs})  # a row may give several tokens (drafts)
         self.stats.batch_size, self.stats.step_s = rows, self.batch.last_step_s

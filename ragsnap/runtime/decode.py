@@ -40,7 +40,7 @@ import torch
 from ragsnap.compression.decode_snapkv import DecodeSnapKV, DecodeVotes
 from ragsnap.runtime.attention import observe_attention
 from ragsnap.runtime.drafts import Drafts
-from ragsnap.runtime.forward import BatchedKV, forward_lanes, forward_rows
+from ragsnap.runtime.forward import BatchedKV, DraftPass, forward_lanes, forward_rows
 from ragsnap.runtime.generation import GenerationConfig, TokenSampler
 from ragsnap.runtime.llama_pass import ChunkFeed, LlamaPass
 from ragsnap.runtime.loading.bf16_matmuls import BF16_MATMULS
@@ -241,11 +241,14 @@ class DecodeBatch:
             getattr(layer.self_attn, BF16_MATMULS, False) for layer in self.model.model.layers
         )
 
-    def step(self, chunk: ChunkFeed | None = None) -> list[StepOutput]:
+    def step(
+        self, chunk: ChunkFeed | None = None, draft: DraftPass | None = None
+    ) -> list[StepOutput]:
         """Pick every row's next token, retire finished rows, run one model call for the rest
         (with each speculating row's draft after its token), then keep what it confirms.
         ``chunk``: a prompt chunk computed in the same call when :meth:`rides` (then
-        ``chunk.done``; else the caller computes it)."""
+        ``chunk.done``; else the caller computes it). ``draft``: a prefix-hit group's draft
+        pass computed in the same call when :meth:`rides` (then ``draft.logits`` is set)."""
         outputs: list[StepOutput] = []
         for row in self.rows:
             token: int | None = None
@@ -271,15 +274,24 @@ class DecodeBatch:
         plans = [(lane, self._drafts(lane.rows, rows)) for lane in self.lanes]
         voting = any(row.votes is not None for row in self.rows)
         riding = chunk if chunk is not None and self.rides() else None
-        if self.lean is not None and (len(plans) > 1 or riding) and not voting:
-            # one pass for every lane (and the chunk): the linears read their weights once
+        drafting = draft if draft is not None and self.rides() else None
+        if self.lean is not None and (len(plans) > 1 or riding or drafting) and not voting:
+            # one pass for every lane (the chunk, the draft): the linears read their weights once
+            last = not any(d for _, drafts in plans for d in drafts)
+            batches = [lane.kv for lane, _ in plans]
+            feeds = [self._fed(lane, drafts) for lane, drafts in plans]
+            lasts = [last] * len(plans)
+            queries: list[dict[int, list[torch.Tensor]] | None] = [None] * len(plans)
+            if drafting is not None:
+                batches.append(drafting.batch)
+                feeds.append(drafting.tokens)
+                lasts.append(False)
+                queries.append(drafting.queries)
             everything = forward_lanes(
-                self.lean,
-                [lane.kv for lane, _ in plans],
-                [self._fed(lane, drafts) for lane, drafts in plans],
-                last=not any(d for _, drafts in plans for d in drafts),
-                chunk=riding,
+                self.lean, batches, feeds, last=lasts, chunk=riding, queries=queries
             )
+            if drafting is not None:
+                drafting.logits = everything.pop()
             for (lane, drafts), logits in zip(plans, everything, strict=True):
                 self._take(lane, drafts, logits, outputs)
         else:

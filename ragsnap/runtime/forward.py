@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -305,6 +306,21 @@ def _buffer_layer_class() -> type:
     return BufferLayer
 
 
+@dataclass
+class DraftPass:
+    """A pass a prefix-hit group's draft is about to run (yielded by
+    :func:`~ragsnap.runtime.tails.prefill_tails_steps`): ``tokens[r]`` fed to row ``r`` of
+    ``batch`` and appended there, each layer's queries (RoPE applied, ``[B, Hq, q, D]``)
+    recorded into ``queries``. Its driver may compute it in the same pass as other work
+    (the scheduler's decode step, :meth:`~ragsnap.runtime.decode.DecodeBatch.step`) and
+    set ``logits`` (``[B, q, V]``); else the draft computes it alone when it goes on."""
+
+    batch: BatchedKV
+    tokens: list[list[int]]
+    queries: dict[int, list[torch.Tensor]]
+    logits: torch.Tensor | None = None
+
+
 @torch.inference_mode()
 def forward_rows(
     model: Any,
@@ -366,16 +382,20 @@ def forward_lanes(
     batches: Sequence[BatchedKV],
     tokens: Sequence[Sequence[Sequence[int]]],
     *,
-    last: bool,
+    last: bool | Sequence[bool],
     chunk: ChunkFeed | None = None,
+    queries: Sequence[dict[int, list[torch.Tensor]] | None] = (),
 ) -> list[torch.Tensor]:
     """:func:`forward_rows` of several batches in one lean pass (``tokens[j][r]`` for row
-    ``r`` of batch ``j``): the linears read their weights once for every row, each batch
-    attends over its own buffers; ``chunk``, a prompt chunk computed in the same pass (see
-    :meth:`LlamaPass.lanes`). Returns, per batch, what :func:`forward_rows` would."""
+    ``r`` of batch ``j``, ``last[j]`` or ``last`` for all): the linears read their weights
+    once for every row, each batch attends over its own buffers; ``chunk``, a prompt chunk
+    computed in the same pass (see :meth:`LlamaPass.lanes`). ``queries[j]`` records batch
+    ``j``'s queries (``[B_j, Hq, q, D]`` per layer, as :func:`forward_rows` does). Returns,
+    per batch, what :func:`forward_rows` would."""
     counts = [[len(t) for t in rows] for rows in tokens]
     if any(len(c) != b.rows or min(c, default=0) < 1 for c, b in zip(counts, batches, strict=True)):
         raise ValueError("every row needs at least one new token")
+    lasts = [last] * len(batches) if isinstance(last, bool) else list(last)
     q_len = max(n for c in counts for n in c)
     device = batches[0].keys[0].device
     flat = [list(t) + [t[-1]] * (q_len - len(t)) for rows in tokens for t in rows]
@@ -385,15 +405,29 @@ def forward_lanes(
     for batch in batches:
         batch.make_room(q_len)
     lanes = [(batch, batch.masks(q_len)) for batch in batches]
-    logits = lean.lanes(lanes, ids, positions.to(device), last_only=last and equal, chunk=chunk)
+    recorded: dict[int, list[torch.Tensor]] | None = (
+        {} if any(q is not None for q in queries) else None
+    )
+    logits = lean.lanes(
+        lanes,
+        ids,
+        positions.to(device),
+        last_only=all(lasts) and equal,
+        chunk=chunk,
+        queries=recorded,
+    )
     out, start = [], 0
-    for batch, c in zip(batches, counts, strict=True):
+    for j, (batch, c) in enumerate(zip(batches, counts, strict=True)):
         part = logits[start : start + len(c)]
+        record = queries[j] if j < len(queries) else None
+        if recorded is not None and record is not None:
+            for layer, per_pass in recorded.items():
+                record.setdefault(layer, []).append(per_pass[0][start : start + len(c)])
         start += len(c)
         batch.advance(c)
-        if not last:
+        if not lasts[j]:
             out.append(part)
-        elif equal:
+        elif part.shape[1] == 1:
             out.append(part[:, -1])
         else:
             index = torch.tensor(c, device=part.device) - 1

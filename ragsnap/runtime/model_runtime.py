@@ -19,7 +19,7 @@ from ragsnap.runtime import tails as _tails
 from ragsnap.runtime.answer_attention import answer_attention
 from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.decode import DecodeBatch
-from ragsnap.runtime.forward import sliding_windows
+from ragsnap.runtime.forward import DraftPass, sliding_windows
 from ragsnap.runtime.generation import GenerationConfig, stop_token_ids
 from ragsnap.runtime.kv import cache_from_layers, crop_layers
 from ragsnap.runtime.likelihood import mean_lift, span_lifts
@@ -215,9 +215,10 @@ class ModelRuntime:
 
     def prefill_tails_steps(
         self, tails: Sequence[_tails.Tail]
-    ) -> Generator[PromptLogits, None, list[PrefillResult]]:
+    ) -> Generator[PromptLogits | DraftPass, None, list[PrefillResult]]:
         """:meth:`prefill_tails` as a generator: the tails' last logits
-        (:class:`~ragsnap.runtime.prefill.PromptLogits`) come out before their draft and
+        (:class:`~ragsnap.runtime.prefill.PromptLogits`) come out before their draft, then
+        each draft pass (:class:`~ragsnap.runtime.forward.DraftPass`), before the
         compression."""
         filled = [
             t

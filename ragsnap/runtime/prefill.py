@@ -30,7 +30,7 @@ from ragsnap.compression.hooks import query_capture
 from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.compression.propagate import budget_need, propagation_of, voting_parameters
 from ragsnap.runtime.drafts import Drafts
-from ragsnap.runtime.forward import sliding_windows
+from ragsnap.runtime.forward import DraftPass, sliding_windows
 from ragsnap.runtime.kv import cache_nbytes, derive_cache
 from ragsnap.runtime.loading.bf16_matmuls import medium_products
 from ragsnap.runtime.propagation import LayerSplit, select_tokens
@@ -184,7 +184,7 @@ class PromptLogits:
 
 
 # what a prefill yields, and a prefill as its driver sees it: steps out, its result at the end
-Step = ChunkStep | PromptLogits
+Step = ChunkStep | PromptLogits | DraftPass
 Steps = Generator[Step, None, Any]
 
 
@@ -211,7 +211,7 @@ def drain(steps: Steps, on_chunk: Callable[[], None] | None = None) -> Any:
                 step = next(steps)
             except StopIteration as finished:
                 return finished.value
-            if isinstance(step, PromptLogits):
+            if not isinstance(step, ChunkStep):  # logits to see, or a draft pass it runs
                 continue
             if not first and on_chunk is not None:
                 on_chunk()

@@ -28,14 +28,16 @@ from ragsnap.compression import Press, compression_hooks
 from ragsnap.compression.hooks import CompressionRecorder, attention_modules, query_capture
 from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.compression.propagate import propagation_of
+from ragsnap.runtime.decode import DRAFT_PASS_TOKENS
 from ragsnap.runtime.drafts import Drafts
-from ragsnap.runtime.forward import BatchedKV, forward_rows, sliding_windows
+from ragsnap.runtime.forward import BatchedKV, DraftPass, forward_rows, sliding_windows
 from ragsnap.runtime.kv import cache_from_layers, cache_nbytes
 from ragsnap.runtime.llama_pass import LlamaPass
 from ragsnap.runtime.prefill import (
     PREFIX_LOADED,
     PrefillResult,
     PromptLogits,
+    drain,
     window_floor,
 )
 
@@ -75,12 +77,13 @@ def prefill_tails_steps(
     scratch: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     workers: Executor | None = None,
     lean: LlamaPass | None = None,
-) -> Generator[PromptLogits, None, list[PrefillResult]]:
+) -> Generator[PromptLogits | DraftPass, None, list[PrefillResult]]:
     """Prefill, draft and compress every tail of ``tails`` (see the module docstring); one
     result per tail, as ``prefill(input_ids, press, cache=prefix, start=start)`` gives it
     (up to float noise). A generator: it yields the tails' last logits
-    (:class:`PromptLogits`, ``[B, V]``) after their shared pass, before the draft and the
-    compression (:func:`~ragsnap.runtime.prefill.drain` runs it through). ``prefill_s`` is
+    (:class:`PromptLogits`, ``[B, V]``) after their shared pass, then, with ``lean``, each
+    draft pass before it runs (:class:`DraftPass`: its driver may compute it beside other
+    rows), before the compression (:func:`~ragsnap.runtime.prefill.drain` runs it through). ``prefill_s`` is
     the batch's shared time plus the row's compression; ``stop_ids`` end a draft.
     ``scratch`` is batch memory to reuse (see :meth:`BatchedKV.of_rows`): no result refers
     to it. ``workers`` compress the rows in parallel (each row is independent once the
@@ -103,8 +106,9 @@ def prefill_tails_steps(
         starts,
         # a row feeds a token to every draft pass, its own draft over or not, and rows
         # are padded to the pass's longest feed: up to twice the longest draft past the
-        # longest prompt (growing 8 rows of 3.4K tokens took 0.5-1 s)
-        reserve=length + 2 * max(ahead),
+        # longest prompt, and a decode step's longest feed where one runs the pass
+        # (growing 8 rows of 3.4K tokens took 0.5-1 s)
+        reserve=length + 2 * max(ahead) + DRAFT_PASS_TOKENS,
         scratch=scratch,
     )
     started = time.perf_counter()
@@ -121,7 +125,7 @@ def prefill_tails_steps(
         )
         inputs.armed = False
     yield PromptLogits(logits)
-    drafted, drafts = draft_rows(
+    drafted, drafts = yield from draft_rows_steps(
         model, cache_kwarg, batch, logits, ahead, stop_ids, [t.input_ids for t in tails], lean
     )
     prefill_s = time.perf_counter() - started
@@ -176,7 +180,6 @@ def prefill_tails_steps(
     return list(map(compressed, rows) if workers is None else workers.map(compressed, rows))
 
 
-@torch.inference_mode()
 def draft_rows(
     model: Any,
     cache_kwarg: str,
@@ -187,6 +190,24 @@ def draft_rows(
     contexts: Sequence[Sequence[int]] = (),
     lean: LlamaPass | None = None,
 ) -> tuple[dict[int, torch.Tensor], list[list[int]]]:
+    """:func:`draft_rows_steps` with every pass run here."""
+    result: tuple[dict[int, torch.Tensor], list[list[int]]] = drain(
+        draft_rows_steps(model, cache_kwarg, batch, logits, limits, stop_ids, contexts, lean)
+    )
+    return result
+
+
+@torch.inference_mode()
+def draft_rows_steps(
+    model: Any,
+    cache_kwarg: str,
+    batch: BatchedKV,
+    logits: torch.Tensor,
+    limits: Sequence[int],
+    stop_ids: Collection[int],
+    contexts: Sequence[Sequence[int]] = (),
+    lean: LlamaPass | None = None,
+) -> Generator[DraftPass, None, tuple[dict[int, torch.Tensor], list[list[int]]]]:
     """Greedily draft up to ``limits[r]`` tokens after each row of ``batch`` (``logits``:
     ``[B, V]`` at each row's last position), appending their KV, stopping a row before an
     end-of-turn token. Returns, per layer, the drafted tokens' queries ``[B, Hq, k, D]``
@@ -199,15 +220,20 @@ def draft_rows(
     lies past its draft and is never read.
 
     ``lean``: the passes skip transformers' module tree and record the queries
-    themselves. Each pass is a few tokens per row over every row's whole prompt; with
-    the module tree's masked sdpa, 8 rows of 3.4K tokens took 0.19 s a pass on 2 threads."""
+    themselves, and each is yielded before it runs (:class:`DraftPass`); one its driver
+    left uncomputed runs here. Each pass is a few tokens per row over every row's whole
+    prompt, weight-bound on a CPU (8 rows of 3.4K tokens: 0.19 s a pass on 2 threads with
+    the module tree's masked sdpa): in a decode step's pass its weights are read once for
+    both."""
     rows = len(limits)
     drafts: list[list[int]] = [[] for _ in limits]
     guesses = [Drafts(c, stop_ids) for c in contexts] if contexts else None
     drafting = [limit > 0 for limit in limits]
     # per row and layer, the queries of its kept tokens, pass after pass ([1, Hq, k, D])
     kept_queries: list[dict[int, list[torch.Tensor]]] = [{} for _ in limits]
-    capture = query_capture(model) if lean is None else contextlib.nullcontext({})
+    capture: contextlib.AbstractContextManager[dict[int, list[torch.Tensor]]] = (
+        query_capture(model) if lean is None else contextlib.nullcontext({})
+    )
     with capture as captured:
         while True:
             fed: list[list[int]] = []
@@ -228,15 +254,18 @@ def draft_rows(
                     guessed.append(None)
             if not any(drafting):
                 break
-            out = forward_rows(  # [B, q, V]
-                model,
-                cache_kwarg,
-                batch,
-                fed,
-                last=False,
-                lean=lean,
-                queries=None if lean is None else captured,
-            )
+            if lean is None:
+                out = forward_rows(model, cache_kwarg, batch, fed, last=False)  # [B, q, V]
+            else:
+                step = DraftPass(batch, fed, captured)
+                yield step
+                out = (
+                    step.logits
+                    if step.logits is not None
+                    else forward_rows(
+                        model, cache_kwarg, batch, fed, last=False, lean=lean, queries=captured
+                    )
+                )
             next_logits = []
             for r, row_guess in enumerate(guessed):
                 kept = 0
