@@ -441,7 +441,7 @@ class Scheduler:
                         break
                     if isinstance(step, PromptLogits):
                         self._send_first(hits, step.logits)
-                    elif self._running:  # else the draft runs the pass itself
+                    elif isinstance(step, DraftPass) and self._running:  # else it runs alone
                         self._decode_step(draft=step)
         except Exception as exc:
             steps.close()
