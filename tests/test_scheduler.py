@@ -733,3 +733,70 @@ def test_prefix_hits_reserved_for_are_as_many_as_the_kv_memory_holds(engine_tiny
     assert bounded.prefix_hit_rows(3072) == 10  # each parks its prefix's full KV
     assert bounded.prefix_hit_rows(100 * 3072) == 1  # at least one
     assert Scheduler(engine_tiny, max_batch=4, kv_memory_bytes=1 << 40).prefix_hit_rows(3072) == 4
+
+
+def test_prefix_hits_finished_while_rows_decode_draft_in_their_decode_steps(
+    engine_tiny, tmp_path, monkeypatch
+) -> None:
+    """Prefix hits finished while another row decodes run each pass of their lookahead
+    draft in that row's decode step (one lean pass for both): the row keeps decoding
+    through the group, and every answer is the one it gets alone."""
+    import shutil
+
+    from ragsnap.cache import open_store
+    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.runtime.decode import DecodeBatch
+
+    def engine_on(folder):
+        store = open_store(f"file://{folder}")
+        engine = RagSnapEngine(engine_tiny.loaded, store=store, prefix_store="always")
+        engine.runtime.stop_ids.clear()
+        return engine
+
+    press = make_press("ragsnap-lookahead", budget=24, window=8)
+    docs = [[Document(id=f"d{i}", title="t3", text=words(9 * i, 90))] for i in range(3)]
+
+    def asked(question, documents, tokens):
+        return Collector(question, documents, AnswerOptions(press, GenerationConfig(tokens)))
+
+    def requests():
+        long = asked(words(5, 4), [Document(id="long", title="t4", text=words(40, 80))], 40)
+        return long, [asked(words(60 + i, 5), d, 6) for i, d in enumerate(docs)]
+
+    run(engine_on(tmp_path / "kv"), [asked(words(20 + i, 4), d, 2) for i, d in enumerate(docs)])
+    for copy in ("kv-long", "kv-hits"):
+        shutil.copytree(tmp_path / "kv", tmp_path / copy)
+    long_alone, hits_alone = requests()
+    run(engine_on(tmp_path / "kv-long"), [long_alone], max_batch=1)
+    for r in hits_alone:
+        run(engine_on(tmp_path / "kv-hits"), [r], max_batch=1)
+        shutil.rmtree(tmp_path / "kv-hits")  # each a prefix hit, not the others' exact hit
+        shutil.copytree(tmp_path / "kv", tmp_path / "kv-hits")
+
+    rides: list[bool] = []
+    step = DecodeBatch.step
+
+    def recording(self, chunk=None, draft=None):
+        outputs = step(self, chunk, draft)
+        if draft is not None:
+            rides.append(draft.logits is not None)
+        return outputs
+
+    monkeypatch.setattr(DecodeBatch, "step", recording)
+    long, hits = requests()
+    scheduler = Scheduler(engine_on(tmp_path / "kv"), max_batch=8, step_tokens=48, idle_chunk=32)
+    scheduler.start()
+    scheduler.submit(long)
+    deadline = time.monotonic() + 60
+    while not any(isinstance(e, TokenEvent) for e in long.events[1:]):  # decoding
+        assert time.monotonic() < deadline, "the long answer never decoded"
+        time.sleep(0.01)
+    for r in hits:
+        scheduler.submit(r)
+    for r in (long, *hits):
+        assert r.closed.wait(60) and r.outcome == "ok"
+    scheduler.stop()
+    assert [r.done.stats.cache for r in hits] == ["prefix-hit"] * 3
+    assert rides and all(rides)  # every draft pass rode a decode step of the long row
+    assert long.done.answer == long_alone.done.answer
+    assert [r.done.answer for r in hits] == [r.done.answer for r in hits_alone]
