@@ -329,3 +329,24 @@ def test_draft_passes_computed_in_decode_steps_give_what_each_gives_alone() -> N
             assert torch.allclose(x.values, y.values, rtol=1e-3, atol=1e-3)
         for layer, bias in a.bias.items():
             assert torch.allclose(b.bias[layer], bias, atol=1e-3)
+
+
+def test_batch_memory_too_small_is_replaced_with_room_the_next_batches_reuse() -> None:
+    """Scratch memory that cannot hold a batch is replaced by memory of its rows (or the
+    batch's, if more) and the batch's width rounded up to 512 entries: a deployment's
+    next batches of about that size reuse it instead of touching fresh pages again."""
+
+    def row(n: int):
+        return [(torch.full((1, 2, n, 4), float(n)), torch.full((1, 2, n, 4), -float(n)))]
+
+    scratch: list = []
+    BatchedKV.of_rows([None], [row(100), row(90)], [100, 90], reserve=10, scratch=scratch)
+    held = scratch[0][0]
+    assert held.shape == (2, 2, 512, 4)
+    batch = BatchedKV.of_rows([None], [row(300)], [300], reserve=20, scratch=scratch)
+    assert scratch[0][0] is held and batch.keys[0].shape == (1, 2, 320, 4)
+    assert torch.equal(batch.row_layers(0)[0][0], row(300)[0][0])
+    BatchedKV.of_rows([None], [row(100)] * 3, [100] * 3, scratch=scratch)  # more rows
+    assert scratch[0][0].shape == (3, 2, 512, 4)
+    BatchedKV.of_rows([None], [row(600)], [600], scratch=scratch)  # wider
+    assert scratch[0][0].shape == (3, 2, 1024, 4)

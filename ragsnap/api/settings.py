@@ -24,7 +24,7 @@ class Settings(EngineConfig):
         default=1.5, ge=0, le=60, description="/readyz asks the store at most this often"
     )
     reserve_prefix_tokens: int = Field(
-        default=3072,
+        default=4096,
         ge=0,
         le=1 << 20,
         description="batch memory reserved at start for new questions over cached documents: "

@@ -71,8 +71,10 @@ class BatchedKV:
 
         ``scratch`` (per layer, keys and values ``[B', Hkv, W', D]``) is memory to reuse:
         where it is large enough the buffers are views of it, and where not it is replaced
-        by the new buffers (first use of fresh memory costs more than the copy itself: on a
-        2-core VM, zero-filling 840 MB took 2.3 s)."""
+        by memory with room to spare (as many rows as it had, its width rounded up to
+        ``SCRATCH_ROUNDING`` entries), so that the next batches of about that size reuse it: first use of fresh
+        memory costs more than the copy itself (on a 2-core VM, zero-filling 840 MB took
+        2.3 s)."""
         batch = cls(windows)
         if len(rows) != len(positions) or any(len(r) != len(batch.windows) for r in rows):
             raise ValueError(f"every row needs {len(batch.windows)} layers and a position")
@@ -81,14 +83,20 @@ class BatchedKV:
             width = max(r[i][0].shape[-2] for r in rows) + reserve
             shape = (len(rows), k0.shape[1], width, k0.shape[3])
             old = scratch[i] if scratch is not None and i < len(scratch) else None
-            if old is not None and all(a >= b for a, b in zip(old[0].shape, shape, strict=True)):
+            if scratch is not None and (
+                old is None or any(a < b for a, b in zip(old[0].shape, shape, strict=True))
+            ):
+                rows_held = 0 if old is None else old[0].shape[0]
+                room = (max(len(rows), rows_held), shape[1], _rounded(width), shape[3])
+                old = (k0.new_empty(room), k0.new_empty(room))
+                if i < len(scratch):
+                    scratch[i] = old
+                else:
+                    scratch.append(old)
+            if old is not None:
                 keys, values = (t[: shape[0], :, :width] for t in old)
             else:
                 keys, values = k0.new_empty(shape), k0.new_empty(shape)
-                if scratch is not None and i < len(scratch):
-                    scratch[i] = (keys, values)
-                elif scratch is not None:
-                    scratch.append((keys, values))
             for r, row in enumerate(rows):
                 n = row[i][0].shape[-2]
                 keys[r, :, :n], values[r, :, :n] = row[i][0][0], row[i][1][0]
@@ -304,6 +312,14 @@ def _buffer_layer_class() -> type:
             return self.keys, self.values
 
     return BufferLayer
+
+
+# entries a batch's replaced scratch memory is rounded up to (see BatchedKV.of_rows)
+SCRATCH_ROUNDING = 512
+
+
+def _rounded(width: int) -> int:
+    return -(-width // SCRATCH_ROUNDING) * SCRATCH_ROUNDING
 
 
 @dataclass
