@@ -72,9 +72,9 @@ class BatchedKV:
         ``scratch`` (per layer, keys and values ``[B', Hkv, W', D]``) is memory to reuse:
         where it is large enough the buffers are views of it, and where not it is replaced
         by memory with room to spare (as many rows as it had, its width rounded up to
-        ``SCRATCH_ROUNDING`` entries), so that the next batches of about that size reuse it: first use of fresh
-        memory costs more than the copy itself (on a 2-core VM, zero-filling 840 MB took
-        2.3 s)."""
+        ``SCRATCH_ROUNDING`` entries), which the next batches of about that size reuse:
+        first use of fresh memory costs more than the copy itself (on a 2-core VM,
+        zero-filling 840 MB took 2.3 s)."""
         batch = cls(windows)
         if len(rows) != len(positions) or any(len(r) != len(batch.windows) for r in rows):
             raise ValueError(f"every row needs {len(batch.windows)} layers and a position")

@@ -83,8 +83,9 @@ def prefill_tails_steps(
     (up to float noise). A generator: it yields the tails' last logits
     (:class:`PromptLogits`, ``[B, V]``) after their shared pass, then, with ``lean``, each
     draft pass before it runs (:class:`DraftPass`: its driver may compute it beside other
-    rows), before the compression (:func:`~ragsnap.runtime.prefill.drain` runs it through). ``prefill_s`` is
-    the batch's shared time plus the row's compression; ``stop_ids`` end a draft.
+    rows), before the compression (:func:`~ragsnap.runtime.prefill.drain` runs it
+    through). ``prefill_s`` is the batch's shared time plus the row's compression;
+    ``stop_ids`` end a draft.
     ``scratch`` is batch memory to reuse (see :meth:`BatchedKV.of_rows`): no result refers
     to it. ``workers`` compress the rows in parallel (each row is independent once the
     shared passes are done); None: in turn. ``lean`` (the model's
