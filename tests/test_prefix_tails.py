@@ -169,6 +169,7 @@ def test_drafts_guessed_from_the_prompts_are_the_one_token_drafts_in_fewer_passe
     guesses from each row's prompt the drafts, their voting queries and the rows' caches are
     those of one-token passes, in fewer passes."""
     from ragsnap.prompt.documents import Document
+    from ragsnap.runtime.prefill import drain
     from ragsnap.runtime.tails import draft_rows
 
     model, kwarg = engine.loaded.model, engine.loaded.cache_kwarg
@@ -205,7 +206,9 @@ def test_drafts_guessed_from_the_prompts_are_the_one_token_drafts_in_fewer_passe
 
         model.forward = counted
         try:
-            queries, drafts = draft_rows(model, kwarg, batch, logits, [8, 8], set(), contexts, lean)
+            queries, drafts = drain(
+                draft_rows(model, kwarg, batch, logits, [8, 8], set(), contexts, lean)
+            )
         finally:
             del model.forward
         runs.append((queries, drafts, batch, len(calls)))

@@ -37,7 +37,6 @@ from ragsnap.runtime.prefill import (
     PREFIX_LOADED,
     PrefillResult,
     PromptLogits,
-    drain,
     window_floor,
 )
 
@@ -126,7 +125,7 @@ def prefill_tails_steps(
         )
         inputs.armed = False
     yield PromptLogits(logits)
-    drafted, drafts = yield from draft_rows_steps(
+    drafted, drafts = yield from draft_rows(
         model, cache_kwarg, batch, logits, ahead, stop_ids, [t.input_ids for t in tails], lean
     )
     prefill_s = time.perf_counter() - started
@@ -181,25 +180,8 @@ def prefill_tails_steps(
     return list(map(compressed, rows) if workers is None else workers.map(compressed, rows))
 
 
-def draft_rows(
-    model: Any,
-    cache_kwarg: str,
-    batch: BatchedKV,
-    logits: torch.Tensor,
-    limits: Sequence[int],
-    stop_ids: Collection[int],
-    contexts: Sequence[Sequence[int]] = (),
-    lean: LlamaPass | None = None,
-) -> tuple[dict[int, torch.Tensor], list[list[int]]]:
-    """:func:`draft_rows_steps` with every pass run here."""
-    result: tuple[dict[int, torch.Tensor], list[list[int]]] = drain(
-        draft_rows_steps(model, cache_kwarg, batch, logits, limits, stop_ids, contexts, lean)
-    )
-    return result
-
-
 @torch.inference_mode()
-def draft_rows_steps(
+def draft_rows(
     model: Any,
     cache_kwarg: str,
     batch: BatchedKV,
