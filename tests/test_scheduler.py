@@ -332,9 +332,9 @@ def test_prompts_prefill_on_prefill_threads_and_rows_decode_on_the_loops_own(
         seen["prefill"].add(torch.get_num_threads())
         return real_prefill(*args, **kwargs)
 
-    def step(chunk=None):  # a step carrying a prefill chunk runs on the prefill's threads
+    def step(chunk=None, draft=None):  # a step carrying a prefill chunk: the prefill's threads
         seen["decode" if chunk is None else "riding"].add(torch.get_num_threads())
-        return real_step(chunk)
+        return real_step(chunk, draft)
 
     monkeypatch.setattr(engine_tiny.runtime, "prefill_steps", prefill)
     monkeypatch.setattr(scheduler.batch, "step", step)
@@ -638,9 +638,9 @@ def test_admission_by_kv_memory_bounds_what_runs_and_refuses_what_never_fits(eng
         seen: list[tuple[int, int]] = []  # (KV bytes in use, rows) at every decode step
         step = scheduler.batch.step
 
-        def recording(chunk=None):
+        def recording(chunk=None, draft=None):
             seen.append((scheduler.kv_bytes_in_use(), len(scheduler._running)))
-            return step(chunk)
+            return step(chunk, draft)
 
         scheduler.batch.step = recording  # type: ignore[method-assign]
         requests = [*requests_for_tiny_engine(), *extra]
@@ -700,9 +700,9 @@ def test_the_in_memory_tiers_live_inside_the_kv_memory(engine_tiny, tmp_path):
     held: list[tuple[int, int]] = []  # (requests' KV, tiers') at every decode step
     step = scheduler.batch.step
 
-    def recording(chunk=None):
+    def recording(chunk=None, draft=None):
         held.append((scheduler.kv_bytes_in_use(), scheduler.tier_bytes_in_use()))
-        return step(chunk)
+        return step(chunk, draft)
 
     scheduler.batch.step = recording  # type: ignore[method-assign]
     scheduler.start()
@@ -735,12 +735,14 @@ def test_prefix_hits_reserved_for_are_as_many_as_the_kv_memory_holds(engine_tiny
     assert Scheduler(engine_tiny, max_batch=4, kv_memory_bytes=1 << 40).prefix_hit_rows(3072) == 4
 
 
+@pytest.mark.parametrize("arrives_mid_group", [False, True])
 def test_prefix_hits_finished_while_rows_decode_draft_in_their_decode_steps(
-    engine_tiny, tmp_path, monkeypatch
+    engine_tiny, tmp_path, monkeypatch, arrives_mid_group
 ) -> None:
     """Prefix hits finished while another row decodes run each pass of their lookahead
     draft in that row's decode step (one lean pass for both): the row keeps decoding
-    through the group, and every answer is the one it gets alone."""
+    through the group, and every answer is the one it gets alone. Once a request waits,
+    the passes left run alone (the group ends sooner and the request is looked up)."""
     import shutil
 
     from ragsnap.cache import open_store
@@ -775,11 +777,14 @@ def test_prefix_hits_finished_while_rows_decode_draft_in_their_decode_steps(
 
     rides: list[bool] = []
     step = DecodeBatch.step
+    late = asked(words(90, 3), [Document(id="late", title="t5", text=words(70, 40))], 2)
 
     def recording(self, chunk=None, draft=None):
         outputs = step(self, chunk, draft)
         if draft is not None:
             rides.append(draft.logits is not None)
+            if arrives_mid_group and len(rides) == 1:
+                scheduler.submit(late)
         return outputs
 
     monkeypatch.setattr(DecodeBatch, "step", recording)
@@ -796,7 +801,11 @@ def test_prefix_hits_finished_while_rows_decode_draft_in_their_decode_steps(
     for r in (long, *hits):
         assert r.closed.wait(60) and r.outcome == "ok"
     scheduler.stop()
+    if arrives_mid_group:
+        assert late.closed.wait(60) and late.outcome == "ok"
+        assert rides == [True]  # after the first pass, the rest ran alone
+    else:
+        assert len(rides) > 1 and all(rides)  # every pass rode a decode step of the long row
     assert [r.done.stats.cache for r in hits] == ["prefix-hit"] * 3
-    assert rides and all(rides)  # every draft pass rode a decode step of the long row
     assert long.done.answer == long_alone.done.answer
     assert [r.done.answer for r in hits] == [r.done.answer for r in hits_alone]

@@ -724,7 +724,7 @@ class Scheduler:
             if running.request.is_cancelled():
                 self.batch.cancel(key)
         try:
-            outputs = self.batch.step(chunk) if draft is None else self.batch.step(draft=draft)
+            outputs = self.batch.step(chunk, draft)
         except Exception as exc:  # the batch is unusable: every row fails, the loop goes on
             logger.exception("decode step failed")
             failed, self._running = list(self._running.values()), {}

@@ -356,9 +356,11 @@ def forward_rows(
     stays finite, and its entries are not kept. With ``lean`` (the model's
     :class:`~ragsnap.runtime.llama_pass.LlamaPass`) the pass skips transformers' module
     tree; forward hooks and attention observers then see nothing of it, and ``queries``
-    records each layer's queries instead (see :meth:`LlamaPass.__call__`).
+    records each layer's queries instead (see :meth:`LlamaPass.lanes`).
     """
-    if queries is not None and lean is None:
+    if lean is not None:
+        return forward_lanes(lean, [batch], [tokens], last=last, queries=[queries])[0]
+    if queries is not None:
         raise ValueError("queries are recorded by the lean pass only")
     counts = [len(t) for t in tokens]
     if len(counts) != batch.rows or min(counts, default=0) < 1:
@@ -368,21 +370,15 @@ def forward_rows(
     ids = torch.tensor([list(t) + [t[-1]] * (q_len - len(t)) for t in tokens], device=device)
     positions = (batch.positions.unsqueeze(1) + torch.arange(q_len)).to(device)
     equal = len(set(counts)) == 1
-    if lean is not None:
-        batch.make_room(q_len)
-        logits = lean(
-            batch, ids, positions, batch.masks(q_len), last_only=last and equal, queries=queries
-        )
-    else:
-        cache = batch.model_cache(q_len)
-        with step_masks(batch.masks(q_len)):
-            logits = model(
-                input_ids=ids,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1 if last and equal else 0,
-                **{cache_kwarg: cache},
-            ).logits
+    cache = batch.model_cache(q_len)
+    with step_masks(batch.masks(q_len)):
+        logits = model(
+            input_ids=ids,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1 if last and equal else 0,
+            **{cache_kwarg: cache},
+        ).logits
     batch.advance(counts)
     if not last:
         return logits

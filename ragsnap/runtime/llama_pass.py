@@ -73,26 +73,6 @@ class LlamaPass:
         self.head_dim = int(attention.head_dim)
         self.scaling = float(attention.scaling)
 
-    def __call__(
-        self,
-        batch: Any,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        masks: Mapping[int, StepMask],
-        last_only: bool,
-        queries: dict[int, list[torch.Tensor]] | None = None,
-    ) -> torch.Tensor:
-        """Feed ``ids`` ``[B, q]`` at ``positions`` ``[B, q]`` to the rows of ``batch`` (a
-        :class:`~ragsnap.runtime.forward.BatchedKV` with room for ``q`` more entries per row
-        and layer), writing each layer's new entries after each row's own (``batch.write``)
-        and attending with ``masks[l]`` over layer ``l``'s buffer up to ``K_l + q``. Returns
-        logits ``[B, 1, V]`` for the last position when ``last_only``, else ``[B, q, V]``.
-        Advancing the rows' lengths is the caller's. ``queries``: each layer's queries
-        (RoPE applied, ``[B, Hq, q, D]`` float) are appended to ``queries[layer]``, as
-        :func:`~ragsnap.compression.hooks.query_capture` records them from the module tree.
-        """
-        return self.lanes([(batch, masks)], ids, positions, last_only, queries=queries)
-
     @torch.inference_mode()
     def lanes(
         self,
@@ -103,10 +83,16 @@ class LlamaPass:
         chunk: ChunkFeed | None = None,
         queries: dict[int, list[torch.Tensor]] | None = None,
     ) -> torch.Tensor:
-        """:meth:`__call__` over several batches at once: ``ids`` and ``positions`` hold
-        their rows one batch after the other (``[B_1 + B_2 + ..., q]``); the linears run
-        once over every row, and each batch's rows attend over its own buffers with its own
-        masks. Returns the logits of every row, in that order.
+        """Feed ``ids`` ``[B, q]`` at ``positions`` ``[B, q]`` to the rows of every batch of
+        ``lanes`` (each a :class:`~ragsnap.runtime.forward.BatchedKV` with room for ``q``
+        more entries per row and layer, with its masks), their rows one batch after the
+        other (``B = B_1 + B_2 + ...``): the linears run once over every row; each batch's
+        rows write each layer's new entries after their own (``batch.write``) and attend
+        with ``masks[l]`` over layer ``l``'s buffer up to ``K_l + q``. Returns logits
+        ``[B, 1, V]`` for the last position when ``last_only``, else ``[B, q, V]``.
+        Advancing the rows' lengths is the caller's. ``queries``: each layer's queries
+        (RoPE applied, ``[B, Hq, q, D]`` float) are appended to ``queries[layer]``, as
+        :func:`~ragsnap.compression.hooks.query_capture` records them from the module tree.
 
         ``chunk``: a prompt chunk that rides along (CPU only): its tokens go through the
         same linears, beside the rows' (the weights are read once for both), attend
