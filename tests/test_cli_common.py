@@ -150,8 +150,6 @@ def test_a_background_thread_computes_on_one_torch_thread_at_the_lowest_priority
     import os
     import threading
 
-    import torch
-
     from ragsnap.runtime.threads import (
         BACKGROUND_NICE,
         background_torch_thread,
