@@ -12,6 +12,7 @@ about half a minute on two cores); the fixture that starts them shuts them down.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 from collections.abc import Iterator
@@ -30,9 +31,17 @@ RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port below Linux's ephemeral range (32768-60999): one the kernel hands out
+    could be taken by one of Ray's own connections before the ingress replica binds it
+    (Ray then blocks it, and a one-port range leaves the replica none: NoAvailablePortError)."""
+    for port in random.sample(range(20000, 32000), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 32000")
 
 
 @dataclass
