@@ -14,7 +14,7 @@ from ragsnap.compression import DEFAULT_PRESS, H2OPress, LookaheadPress, SnapKVP
 from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.errors import ConfigError
 from ragsnap.prompt.documents import Document
-from ragsnap.runtime.prefill import draft_queries, forward_chunk
+from ragsnap.runtime.prefill import draft_queries, drain, forward_chunk
 from tests.test_snapkv_reference import (
     assert_same_selection,
     reference_run,
@@ -95,8 +95,10 @@ def test_the_draft_stops_before_an_end_token_and_returns_its_queries() -> None:
     runtime = engine.runtime
     cache = runtime.new_cache()
     logits = forward_chunk(model, runtime.cache_kwarg, prompt, cache, 0)
-    drafted, tokens = draft_queries(
-        model, runtime.cache_kwarg, cache, logits, PROMPT_LEN, AHEAD, stop_ids={draft[2]}
+    drafted, tokens = drain(
+        draft_queries(
+            model, runtime.cache_kwarg, cache, logits, PROMPT_LEN, AHEAD, stop_ids={draft[2]}
+        )
     )
     assert cache.get_seq_length() == PROMPT_LEN + 2  # two tokens drafted, then the stop
     assert tokens == draft[:2]
@@ -255,8 +257,8 @@ def _drafts_both_ways(model, kwarg, prompt, tokens=8):
         calls.clear()
         model.forward = counted
         try:
-            queries, drafted = draft_queries(
-                model, kwarg, cache, logits, len(prompt), tokens, set(), context
+            queries, drafted = drain(
+                draft_queries(model, kwarg, cache, logits, len(prompt), tokens, set(), context)
             )
         finally:
             del model.forward

@@ -809,3 +809,53 @@ def test_prefix_hits_finished_while_rows_decode_draft_in_their_decode_steps(
     assert [r.done.stats.cache for r in hits] == ["prefix-hit"] * 3
     assert long.done.answer == long_alone.done.answer
     assert [r.done.answer for r in hits] == [r.done.answer for r in hits_alone]
+
+
+def test_a_cold_prompts_draft_passes_ride_the_running_rows_decode_steps(
+    engine_tiny, monkeypatch
+) -> None:
+    """A prompt prefilled while another row decodes runs each pass of its lookahead draft
+    in that row's decode step (one lean pass reads the weights for both), and every answer
+    is the one it gets alone."""
+    from ragsnap.engine.engine import RagSnapEngine
+    from ragsnap.runtime.decode import DecodeBatch
+
+    engine = RagSnapEngine(engine_tiny.loaded)
+    engine.runtime.stop_ids.clear()  # full drafts, several passes each
+    press = make_press("ragsnap-lookahead", budget=24, window=8)
+
+    def requests():
+        options = AnswerOptions(press, GenerationConfig(40))
+        long = Collector(words(5, 4), [Document(id="long", title="t", text=words(40, 80))], options)
+        options = AnswerOptions(press, GenerationConfig(6))
+        cold = Collector(words(60, 5), [Document(id="c", title="t", text=words(9, 90))], options)
+        return long, cold
+
+    alone = requests()
+    for r in alone:
+        run(engine, [r], max_batch=1)
+
+    rides: list[bool] = []
+    step = DecodeBatch.step
+
+    def recording(self, chunk=None, draft=None):
+        outputs = step(self, chunk, draft)
+        if chunk is not None and chunk.queries is not None:  # a draft pass
+            rides.append(chunk.logits is not None)
+        return outputs
+
+    monkeypatch.setattr(DecodeBatch, "step", recording)
+    long, cold = requests()
+    scheduler = Scheduler(engine, max_batch=8, step_tokens=48, idle_chunk=32)
+    scheduler.start()
+    scheduler.submit(long)
+    deadline = time.monotonic() + 60
+    while not any(isinstance(e, TokenEvent) for e in long.events[1:]):  # decoding
+        assert time.monotonic() < deadline, "the long answer never decoded"
+        time.sleep(0.01)
+    scheduler.submit(cold)
+    for r in (long, cold):
+        assert r.closed.wait(60) and r.outcome == "ok"
+    scheduler.stop()
+    assert len(rides) > 1 and all(rides)  # every pass of the cold draft rode a decode step
+    assert [r.done.answer for r in (long, cold)] == [r.done.answer for r in alone]

@@ -27,7 +27,7 @@ def main() -> None:
     from ragsnap.engine.engine import RagSnapEngine
     from ragsnap.eval.datasets import load_items
     from ragsnap.runtime.generation import GenerationConfig
-    from ragsnap.runtime.prefill import draft_queries, forward_chunk
+    from ragsnap.runtime.prefill import draft_queries, drain, forward_chunk
 
     engine = RagSnapEngine.load(cache_url="none", threads=1)
     model, kwarg = engine.loaded.model, engine.loaded.cache_kwarg
@@ -53,15 +53,17 @@ def main() -> None:
             model.forward = counted
             started = time.perf_counter()
             with torch.inference_mode():
-                _, drafted[name] = draft_queries(
-                    model,
-                    kwarg,
-                    cache,
-                    logits,
-                    len(prompt),
-                    args.draft,
-                    engine.runtime.stop_ids,
-                    context,
+                _, drafted[name] = drain(
+                    draft_queries(
+                        model,
+                        kwarg,
+                        cache,
+                        logits,
+                        len(prompt),
+                        args.draft,
+                        engine.runtime.stop_ids,
+                        context,
+                    )
                 )
             totals[name][1] += time.perf_counter() - started
             del model.forward

@@ -164,7 +164,6 @@ def main() -> None:
 
     timings = Timings()
     timings.wrap(prefill_module, "forward_chunk", "  of which: a chunk's model pass")
-    timings.wrap(prefill_module, "draft_queries", "  of which: lookahead draft")
     timings.wrap(tails_module.BatchedKV, "of_rows", "  of which: a prefix-hit group's batch")
     timings.wrap(CompressionRecorder, "compress_pending", "compression (any thread)")
     timings.wrap(engine, "finish", "finisher thread: citations, verdict")

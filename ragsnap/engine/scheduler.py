@@ -60,7 +60,7 @@ from ragsnap.prompt.documents import Document
 from ragsnap.runtime.decode import DecodeRow
 from ragsnap.runtime.forward import DraftPass
 from ragsnap.runtime.llama_pass import ChunkFeed
-from ragsnap.runtime.prefill import ChunkStep, PromptLogits, Step
+from ragsnap.runtime.prefill import ChunkStep, DraftChunk, PromptLogits, Step
 from ragsnap.runtime.threads import background_torch_thread, one_torch_thread, torch_threads
 
 if TYPE_CHECKING:
@@ -528,11 +528,17 @@ class Scheduler:
 
     def _next_chunk(self, top: _Prefill) -> ChunkStep:
         """``top``'s next chunk; on the way, its first token once the prompt's last logits
-        exist (:meth:`_send_first`). StopIteration when it has none left."""
+        exist (:meth:`_send_first`), and each pass of its lookahead draft, in a decode step
+        of the running rows while no request waits (as a prefix-hit group's, see
+        :meth:`_finish_prefix_hits`). StopIteration when it has none left."""
         step = next(top.steps)
         while not isinstance(step, ChunkStep):  # a draft pass left to it runs itself
             if isinstance(step, PromptLogits):
                 self._send_first([(top.request, top.planned)], step.logits)
+            elif isinstance(step, DraftChunk) and self._running and not self._waiting:
+                feed = ChunkFeed(step.ids, step.cache, step.begin, queries=step.queries)
+                self._decode_step(feed)
+                step.logits = feed.logits
             step = next(top.steps)
         return step
 

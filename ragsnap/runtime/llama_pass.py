@@ -39,13 +39,17 @@ class ChunkFeed:
     """A chunk of one prompt's prefill computed in a decode step's pass (see
     :meth:`LlamaPass.lanes`): ``ids`` at positions ``begin ..`` on top of ``cache`` (a
     transformers cache holding the prompt's first ``begin`` positions), its keys and values
-    appended there. No logits: the chunk is not the prompt's last. ``done`` is set once
-    the pass has computed it."""
+    appended there. ``done`` is set once the pass has computed it. No logits, unless
+    ``queries`` is given (a pass of the prompt's lookahead draft): then each layer's
+    queries of the chunk (RoPE applied, ``[1, Hq, n, D]`` float) are appended to
+    ``queries[layer]`` and ``logits`` (``[n, V]``, every position's) is set."""
 
     ids: Sequence[int]
     cache: Any
     begin: int
     done: bool = False
+    queries: dict[int, list[torch.Tensor]] | None = None
+    logits: torch.Tensor | None = None
 
 
 def llama_pass_for(model: Any) -> LlamaPass | None:
@@ -96,8 +100,9 @@ class LlamaPass:
 
         ``chunk``: a prompt chunk that rides along (CPU only): its tokens go through the
         same linears, beside the rows' (the weights are read once for both), attend
-        causally over its own cache and are appended there; its logits are not computed.
-        A decode step then costs the prefill little more than its rows' tokens."""
+        causally over its own cache and are appended there; its logits and queries only
+        when it asks (:class:`ChunkFeed`). A decode step then costs the prefill little more
+        than its rows' tokens."""
         inner = self.model.model
         b, q_len = ids.shape
         rows = b * q_len
@@ -145,6 +150,8 @@ class LlamaPass:
                     ).reshape(-1, query.shape[1] * d)
                 )  # [B_lane * q, Hq * D]
             if chunk is not None:
+                if chunk.queries is not None:
+                    chunk.queries.setdefault(i, []).append(_chunk(query, rows).float())
                 keys, values = chunk.cache.update(_chunk(key, rows), _chunk(value, rows), i)
                 out = causal_chunk_sdpa(
                     _chunk(query, rows), keys, values, chunk.begin, self.scaling
@@ -156,6 +163,8 @@ class LlamaPass:
             hidden = hidden + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
         if chunk is not None:
             chunk.done = True
+            if chunk.queries is not None:
+                chunk.logits = self.model.lm_head(_rms_norm(hidden[0, rows:], inner.norm))
         hidden = hidden[0, :rows].view(b, q_len, -1)
         if last_only:
             hidden = hidden[:, -1:]

@@ -183,8 +183,24 @@ class PromptLogits:
     logits: torch.Tensor
 
 
+@dataclass
+class DraftChunk:
+    """A pass of a prompt's lookahead draft about to run (:func:`draft_queries`): ``ids``
+    at positions ``begin ..`` on top of ``cache``. Its driver may compute it in the same
+    pass as other work (the scheduler's decode step, a
+    :class:`~ragsnap.runtime.llama_pass.ChunkFeed` with ``queries``) and set ``logits``
+    (``[n, V]``, every position's), the queries recorded into ``queries`` (layer -> one
+    ``[1, Hq, n, D]``); else the draft computes it itself when it goes on."""
+
+    ids: list[int]
+    cache: Any
+    begin: int
+    queries: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    logits: torch.Tensor | None = None
+
+
 # what a prefill yields, and a prefill as its driver sees it: steps out, its result at the end
-Step = ChunkStep | PromptLogits | DraftPass
+Step = ChunkStep | PromptLogits | DraftPass | DraftChunk
 Steps = Generator[Step, None, Any]
 
 
@@ -211,7 +227,7 @@ def drain(steps: Steps, on_chunk: Callable[[], None] | None = None) -> Any:
                 step = next(steps)
             except StopIteration as finished:
                 return finished.value
-            if not isinstance(step, ChunkStep):  # logits to see, or a draft pass it runs
+            if not isinstance(step, ChunkStep):  # logits to see, or a draft pass it runs itself
                 continue
             if not first and on_chunk is not None:
                 on_chunk()
@@ -232,7 +248,7 @@ def draft_queries(
     tokens: int,
     stop_ids: Collection[int],
     context: Sequence[int] = (),
-) -> tuple[dict[int, torch.Tensor], list[int]]:
+) -> Generator[DraftChunk, None, tuple[dict[int, torch.Tensor], list[int]]]:
     """Greedily draft up to ``tokens`` tokens after a prompt of ``position`` tokens held in
     ``cache`` (``logits``: ``[1, V]`` at its last position), appending their KV, and stop
     before an end-of-turn token (``stop_ids``). Returns, per layer, the drafted tokens'
@@ -242,34 +258,43 @@ def draft_queries(
     so each pass feeds the next token with a guess at those after it (what followed the
     draft's last tokens in the prompt, :class:`~ragsnap.runtime.drafts.Drafts`) and keeps
     the guessed tokens greedy decoding picks itself; the rest of the guess is cut from the
-    cache and the queries. The draft is the one of one-token passes, in fewer passes."""
+    cache and the queries. The draft is the one of one-token passes, in fewer passes.
+
+    A generator: each pass is yielded before it runs (:class:`DraftChunk`: its driver may
+    compute it beside other rows); one its driver left uncomputed runs here, through the
+    module tree. A pass is a few tokens over the whole prompt, weight-bound on a CPU."""
     drafted: list[int] = []
     guesses = Drafts(context, stop_ids) if context else None
-    with query_capture(model) as captured:
-        while len(drafted) < tokens:
-            token = int(logits[0].argmax())
-            if token in stop_ids:
-                break
-            drafted.append(token)
-            guess: list[int] = []
-            if guesses is not None:
-                guesses.extend([token])
-                guess = guesses.draft(tokens - len(drafted))
-            start = position + len(drafted) - 1
-            fed = [token, *guess]
-            out = forward_tokens(model, cache_kwarg, fed, cache, start, keep=len(fed))
-            picks = out.argmax(dim=-1).tolist()  # picks[j]: greedy's token after fed[j]
-            kept = 0
-            while kept < len(guess) and picks[kept] == guess[kept]:
-                kept += 1
-            if kept < len(guess):  # the unconfirmed guesses leave the cache and the queries
-                cache.crop(kept - len(guess))
-                for queries in captured.values():
-                    queries[-1] = queries[-1][:, :, : 1 + kept]
-            drafted.extend(guess[:kept])
-            if guesses is not None:
-                guesses.extend(guess[:kept])
-            logits = out[kept : kept + 1]
+    captured: dict[int, list[torch.Tensor]] = {}
+    while len(drafted) < tokens:
+        token = int(logits[0].argmax())
+        if token in stop_ids:
+            break
+        drafted.append(token)
+        guess: list[int] = []
+        if guesses is not None:
+            guesses.extend([token])
+            guess = guesses.draft(tokens - len(drafted))
+        fed = [token, *guess]
+        step = DraftChunk(fed, cache, position + len(drafted) - 1)
+        yield step
+        if step.logits is None:
+            with query_capture(model) as own:
+                step.logits = forward_tokens(model, cache_kwarg, fed, cache, step.begin, len(fed))
+            step.queries = own
+        out = step.logits
+        picks = out.argmax(dim=-1).tolist()  # picks[j]: greedy's token after fed[j]
+        kept = 0
+        while kept < len(guess) and picks[kept] == guess[kept]:
+            kept += 1
+        if kept < len(guess):  # the unconfirmed guesses leave the cache
+            cache.crop(kept - len(guess))
+        for layer, queries in step.queries.items():  # and the queries
+            captured.setdefault(layer, []).append(queries[-1][:, :, : 1 + kept])
+        drafted.extend(guess[:kept])
+        if guesses is not None:
+            guesses.extend(guess[:kept])
+        logits = out[kept : kept + 1]
     return {layer: torch.cat(queries, dim=2) for layer, queries in captured.items()}, drafted
 
 
@@ -372,7 +397,7 @@ def prefill_steps(
             recorder.armed = False
             if ahead:  # the draft and the compression are still to come
                 yield PromptLogits(logits)
-                drafted, draft = draft_queries(
+                drafted, draft = yield from draft_queries(
                     model, cache_kwarg, cache, logits, len(input_ids), ahead, stop_ids, input_ids
                 )
                 cache.crop(len(input_ids) - cache.get_seq_length())
