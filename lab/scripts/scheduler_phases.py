@@ -2,9 +2,9 @@
 
 The server's scheduler, engine and file store, without HTTP: ``--n`` requests of the bench's
 BioASQ workload sent ``--c`` at a time (closed loop), and per phase the seconds spent in it:
-decode steps alone and with a prefill chunk riding, the chunks and the press computed apart
-(model pass, lookahead draft, compression), prefix-hit groups, and the finisher's and the
-store's threads. ``--scenario new_question`` first answers the cold requests untimed, then
+decode steps alone and with a prefill chunk or a draft pass riding, the chunks and the
+press computed apart (model pass, compression), prefix-hit groups, and the finisher's and
+the store's threads. ``--scenario new_question`` first answers the cold requests untimed, then
 times new questions over their documents. Prints one JSON object (wall, first tokens,
 per-request decode rates, phases, step counts). Run it alone, on the torch threads stated:
 
@@ -135,7 +135,9 @@ def main() -> None:
                 scheduler.batch,
                 "step",
                 lambda chunk=None, draft=None: (
-                    "decode step with a chunk"
+                    "decode step with a draft pass of a prompt"
+                    if chunk and chunk.queries is not None
+                    else "decode step with a chunk"
                     if chunk
                     else "decode step with a draft pass"
                     if draft

@@ -8,11 +8,12 @@ at once) and its plan executed by the engine (:meth:`RagSnapEngine.execute`), a 
 that yields before each chunk: the scheduler advances it one chunk per step, the running
 rows decoding beside it (in the chunk's own pass where it allows), so streams keep flowing
 while a new prompt prefills. A greedy answer's first token is sent once its prompt's last
-logits exist, before the press drafts and compresses (:meth:`_send_first`). Prefix hits (a
-new question over documents whose KV is
-stored) are finished in shared passes (one for their tails, one per drafted token; the
-running rows wait for them): a prefix hit waits (the running rows decoding meanwhile) until
-no request has arrived for ``gather_s`` (at most ``GATHER_MAX_S``) or the batch is full, so
+logits exist, before the press drafts and compresses (:meth:`_send_first`); each pass of
+that draft runs in a decode step of the running rows. Prefix hits (a
+new question over documents whose KV is stored) are finished in shared passes (one for
+their tails, one per drafted token, ridden as a prompt's are; the running rows wait for
+their compression): a prefix hit waits (the running rows decoding meanwhile) until no
+request has arrived for ``gather_s`` (at most ``GATHER_MAX_S``) or the batch is full, so
 requests sent together share one group. A request that finishes or is cancelled
 leaves at the next step; a new one joins at the next step.
 
@@ -529,13 +530,14 @@ class Scheduler:
     def _next_chunk(self, top: _Prefill) -> ChunkStep:
         """``top``'s next chunk; on the way, its first token once the prompt's last logits
         exist (:meth:`_send_first`), and each pass of its lookahead draft, in a decode step
-        of the running rows while no request waits (as a prefix-hit group's, see
-        :meth:`_finish_prefix_hits`). StopIteration when it has none left."""
+        of the running rows (unlike a prefix-hit group's, see :meth:`_finish_prefix_hits`,
+        also while requests wait: they wait seconds for this prefill anyway, and riding
+        adds a fraction of that). StopIteration when it has none left."""
         step = next(top.steps)
         while not isinstance(step, ChunkStep):  # a draft pass left to it runs itself
             if isinstance(step, PromptLogits):
                 self._send_first([(top.request, top.planned)], step.logits)
-            elif isinstance(step, DraftChunk) and self._running and not self._waiting:
+            elif isinstance(step, DraftChunk) and self._running:
                 feed = ChunkFeed(step.ids, step.cache, step.begin, queries=step.queries)
                 self._decode_step(feed)
                 step.logits = feed.logits

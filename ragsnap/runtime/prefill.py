@@ -11,7 +11,8 @@ decides what runs between two chunks, may compute a chunk itself in another pass
 (:attr:`ChunkStep.done`), or stops the prefill by closing the generator, leaving the model
 free after at most one chunk. A prefill whose press still drafts and compresses after its
 last chunk yields :class:`PromptLogits` first, so the driver can send the first token
-before that work. :func:`drain` runs one to its end with an ``on_chunk`` callback between
+before that work, then each pass of the draft (:class:`DraftChunk`), which the driver may
+compute in its own pass. :func:`drain` runs one to its end with an ``on_chunk`` callback between
 chunks.
 """
 
@@ -324,8 +325,9 @@ def prefill_steps(
 ) -> Generator[Step, None, list[PrefillResult]]:
     """Prefill ``input_ids[start:]`` on top of ``cache`` (holding the first ``start``
     positions) in chunks of ``chunk`` tokens, and compress every layer at the end; yields
-    a :class:`ChunkStep` before each chunk (see the module docstring), and
-    :class:`PromptLogits` once the last chunk's logits exist.
+    a :class:`ChunkStep` before each chunk (see the module docstring),
+    :class:`PromptLogits` once the last chunk's logits exist, and a :class:`DraftChunk`
+    before each pass of a lookahead draft.
 
     One press compresses ``cache`` in place; several presses leave it full and each result
     gets its own derived cache (prefill attention is full whatever the press, so each keeps
