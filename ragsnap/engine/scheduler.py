@@ -9,12 +9,12 @@ that yields before each chunk: the scheduler advances it one chunk per step, the
 rows decoding beside it (in the chunk's own pass where it allows), so streams keep flowing
 while a new prompt prefills. A greedy answer's first token is sent once its prompt's last
 logits exist, before the press drafts and compresses (:meth:`_send_first`); each pass of
-that draft runs in a decode step of the running rows. Prefix hits (a
-new question over documents whose KV is stored) are finished in shared passes (one for
-their tails, one per drafted token, ridden as a prompt's are; the running rows wait for
-their compression): a prefix hit waits (the running rows decoding meanwhile) until no
-request has arrived for ``gather_s`` (at most ``GATHER_MAX_S``) or the batch is full, so
-requests sent together share one group. A request that finishes or is cancelled
+that draft runs in a decode step of the running rows. Prefix hits (a new question over
+documents whose KV is stored) are finished in shared passes (one for their tails, one per
+drafted token, in decode steps while no request waits; the running rows wait for their
+compression): a prefix hit waits (the running rows decoding meanwhile) until no request
+has arrived for ``gather_s`` (at most ``GATHER_MAX_S``) or the batch is full, so requests
+sent together share one group. A request that finishes or is cancelled
 leaves at the next step; a new one joins at the next step.
 
 Shorter prompts first, with aging: between two chunks of a prefill, the requests that
