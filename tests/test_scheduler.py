@@ -735,6 +735,18 @@ def test_prefix_hits_reserved_for_are_as_many_as_the_kv_memory_holds(engine_tiny
     assert Scheduler(engine_tiny, max_batch=4, kv_memory_bytes=1 << 40).prefix_hit_rows(3072) == 4
 
 
+def decoding(engine, long: Collector) -> Scheduler:
+    """A started scheduler on ``engine`` whose row for ``long`` decodes."""
+    scheduler = Scheduler(engine, max_batch=8, step_tokens=48, idle_chunk=32)
+    scheduler.start()
+    scheduler.submit(long)
+    deadline = time.monotonic() + 60
+    while not any(isinstance(e, TokenEvent) for e in long.events[1:]):
+        assert time.monotonic() < deadline, "the long answer never decoded"
+        time.sleep(0.01)
+    return scheduler
+
+
 @pytest.mark.parametrize("arrives_mid_group", [False, True])
 def test_prefix_hits_finished_while_rows_decode_draft_in_their_decode_steps(
     engine_tiny, tmp_path, monkeypatch, arrives_mid_group
@@ -789,13 +801,7 @@ def test_prefix_hits_finished_while_rows_decode_draft_in_their_decode_steps(
 
     monkeypatch.setattr(DecodeBatch, "step", recording)
     long, hits = requests()
-    scheduler = Scheduler(engine_on(tmp_path / "kv"), max_batch=8, step_tokens=48, idle_chunk=32)
-    scheduler.start()
-    scheduler.submit(long)
-    deadline = time.monotonic() + 60
-    while not any(isinstance(e, TokenEvent) for e in long.events[1:]):  # decoding
-        assert time.monotonic() < deadline, "the long answer never decoded"
-        time.sleep(0.01)
+    scheduler = decoding(engine_on(tmp_path / "kv"), long)
     for r in hits:
         scheduler.submit(r)
     for r in (long, *hits):
@@ -846,13 +852,7 @@ def test_a_cold_prompts_draft_passes_ride_the_running_rows_decode_steps(
 
     monkeypatch.setattr(DecodeBatch, "step", recording)
     long, cold = requests()
-    scheduler = Scheduler(engine, max_batch=8, step_tokens=48, idle_chunk=32)
-    scheduler.start()
-    scheduler.submit(long)
-    deadline = time.monotonic() + 60
-    while not any(isinstance(e, TokenEvent) for e in long.events[1:]):  # decoding
-        assert time.monotonic() < deadline, "the long answer never decoded"
-        time.sleep(0.01)
+    scheduler = decoding(engine, long)
     scheduler.submit(cold)
     for r in (long, cold):
         assert r.closed.wait(60) and r.outcome == "ok"
