@@ -12,8 +12,8 @@ decides what runs between two chunks, may compute a chunk itself in another pass
 free after at most one chunk. A prefill whose press still drafts and compresses after its
 last chunk yields :class:`PromptLogits` first, so the driver can send the first token
 before that work, then each pass of the draft (:class:`DraftChunk`), which the driver may
-compute in its own pass. :func:`drain` runs one to its end with an ``on_chunk`` callback between
-chunks.
+compute in its own pass. :func:`drain` runs one to its end with an ``on_chunk`` callback
+between chunks.
 """
 
 from __future__ import annotations
