@@ -8,6 +8,7 @@ import torch
 from ragsnap.runtime.forward import BatchedKV, forward_rows
 from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.loading.cpu_linears import can_pack_half, pack_linears
+from ragsnap.runtime.loading.fused_projections import fuse_projections
 from tests.test_runtime import tiny_prefills
 from tests.tiny_models import ARCHITECTURES, random_prompt, tiny_engine
 
@@ -47,9 +48,12 @@ def _same_passes(engine, feeds) -> None:
             torch.testing.assert_close(v2, v1, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("arch", LEAN)
-def test_lean_pass_matches_the_module_tree(arch) -> None:
+def test_lean_pass_matches_the_module_tree(arch, fused) -> None:
     engine = tiny_engine(arch)
+    if fused:  # one product for q/k/v and one for gate/up, as a CPU model loads
+        assert fuse_projections(engine.loaded.model) == 2 * len(engine.loaded.model.model.layers)
     feeds = [
         [[5], [6], [7], [8]],  # one token each
         [[9, 10, 11], [12], [13, 14], [15, 16, 17]],  # drafts of unequal length
@@ -66,8 +70,11 @@ def test_lean_pass_keeps_sliding_windows() -> None:
 
 
 @pytest.mark.skipif(not can_pack_half(), reason="fbgemm cannot pack float32 linears here")
-def test_lean_pass_follows_linears_swapped_after_it_was_made() -> None:
+@pytest.mark.parametrize("fused", [False, True])
+def test_lean_pass_follows_linears_swapped_after_it_was_made(fused) -> None:
     engine = tiny_engine("llama")
+    if fused:
+        fuse_projections(engine.loaded.model)
     assert pack_linears(engine.loaded.model) > 0
     _same_passes(engine, [[[5], [6], [7], [8]]])
 

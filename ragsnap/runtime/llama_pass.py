@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ragsnap.runtime.attention import StepMask, masked_sdpa
 from ragsnap.runtime.causal_sdpa import causal_chunk_sdpa
+from ragsnap.runtime.loading.fused_projections import fused_linear
 
 # decoder layer classes whose forward is the one in the module docstring
 LLAMA_LAYERS = frozenset({"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"})
@@ -124,11 +125,7 @@ class LlamaPass:
         for i, layer in enumerate(inner.layers):
             attention, mlp = layer.self_attn, layer.mlp
             x = _rms_norm(hidden, layer.input_layernorm)
-            query = attention.q_proj(x).view(total, -1, d)  # [T, Hq, D]
-            key = attention.k_proj(x).view(total, -1, d)  # [T, Hkv, D]
-            value = attention.v_proj(x).view(total, -1, d)
-            query = query * cos + _rotate_half(query) * sin
-            key = key * cos + _rotate_half(key) * sin
+            query, key, value = self._projections(attention, x, total, cos, sin)
             row_query = query[:rows].view(b, q_len, -1, d).transpose(1, 2)  # [B, Hq, q, D]
             if queries is not None:
                 queries.setdefault(i, []).append(row_query.float())
@@ -160,7 +157,7 @@ class LlamaPass:
             out = outs[0] if len(outs) == 1 else torch.cat(outs)
             hidden = hidden + attention.o_proj(out.unsqueeze(0))
             x = _rms_norm(hidden, layer.post_attention_layernorm)
-            hidden = hidden + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+            hidden = hidden + mlp.down_proj(self._gated(mlp, x))
         if chunk is not None:
             chunk.done = True
             if chunk.queries is not None:
@@ -169,6 +166,41 @@ class LlamaPass:
         if last_only:
             hidden = hidden[:, -1:]
         return self.model.lm_head(_rms_norm(hidden, inner.norm))
+
+    def _projections(
+        self, attention: Any, x: torch.Tensor, total: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``[T, Hq, D]`` and keys ``[T, Hkv, D]`` (RoPE applied) and values
+        ``[T, Hkv, D]`` of the layer input ``x`` ``[1, T, H]``; one product and one RoPE
+        for the queries and keys together where the projections are fused."""
+        d = self.head_dim
+        fused = fused_linear(attention, "qkv_proj")
+        if fused is None:
+            query = attention.q_proj(x).view(total, -1, d)
+            key = attention.k_proj(x).view(total, -1, d)
+            value = attention.v_proj(x).view(total, -1, d)
+            return (
+                query * cos + _rotate_half(query) * sin,
+                key * cos + _rotate_half(key) * sin,
+                value,
+            )
+        q_width = attention.q_proj.out_features
+        qkv = fused(x)[0]  # [T, Hq * D + 2 * Hkv * D]
+        key_end = q_width + attention.k_proj.out_features
+        qk = qkv[:, :key_end].view(total, -1, d)  # [T, Hq + Hkv, D]
+        qk = qk * cos + _rotate_half(qk) * sin
+        heads = q_width // d
+        return qk[:, :heads], qk[:, heads:], qkv[:, key_end:].view(total, -1, d)
+
+    @staticmethod
+    def _gated(mlp: Any, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate_proj(x)) * up_proj(x)`` ``[1, T, I]``, one product where fused."""
+        fused = fused_linear(mlp, "gate_up_proj")
+        if fused is None:
+            return F.silu(mlp.gate_proj(x)) * mlp.up_proj(x)
+        gate_up = fused(x)
+        width = gate_up.shape[-1] // 2
+        return F.silu(gate_up[..., :width]) * gate_up[..., width:]
 
 
 def _chunk(x: torch.Tensor, rows: int) -> torch.Tensor:
