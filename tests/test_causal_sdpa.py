@@ -70,6 +70,8 @@ def test_a_chunked_prefill_takes_the_causal_path_to_the_same_logits(monkeypatch)
 
     runtime = tiny_engine("llama").runtime
     runtime.chunk = 16
+    # the module tree's attention computes every chunk (the lean pass's: test_llama_pass)
+    monkeypatch.setattr("ragsnap.runtime.prefill.chunk_pass", lambda model: None)
     prompt, press = random_prompt(70, seed=3), make_press("snapkv", budget=24, window=8)
     taken = []
     real = attention.causal_chunk_sdpa

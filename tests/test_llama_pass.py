@@ -149,3 +149,46 @@ def test_a_prompt_chunk_riding_a_decode_step_changes_neither(arch) -> None:
     for (k1, v1), (k2, v2) in zip(plain.layers, fused.layers, strict=True):
         torch.testing.assert_close(k2, k1, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(v2, v1, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", LEAN)
+def test_a_prefill_computes_its_plain_chunks_in_the_lean_pass(arch, monkeypatch) -> None:
+    """Chunks no hook watches go through the lean pass (the last one, whose attention the
+    press reads, through the module tree): the same logits, kept entries and full KV."""
+    from transformers import DynamicCache
+
+    import ragsnap.runtime.prefill as prefill_module
+    from ragsnap.compression import make_press
+    from ragsnap.runtime.llama_pass import LlamaPass
+
+    engine = tiny_engine(arch)
+    model, kwarg = engine.loaded.model, engine.loaded.cache_kwarg
+    prompt = random_prompt(90, seed=3)
+    alone: list[int] = []
+    real_chunk = LlamaPass.chunk
+    monkeypatch.setattr(
+        LlamaPass, "chunk", lambda self, feed: (alone.append(feed.begin), real_chunk(self, feed))
+    )
+
+    def run():
+        press = make_press("snapkv", budget=24, window=8)
+        [result] = prefill_module.prefill(
+            model, kwarg, prompt, press, cache=DynamicCache(config=model.config), chunk=32
+        )
+        full = DynamicCache(config=model.config)
+        logits = prefill_module.prefill_full(model, kwarg, prompt, full, chunk=32)
+        return result, full, logits
+
+    lean, lean_full, lean_logits = run()
+    assert alone == [0, 32, 0, 32]  # two chunks of each prefill; the last ones in the tree
+    monkeypatch.setattr(prefill_module, "chunk_pass", lambda model: None)
+    tree, tree_full, tree_logits = run()
+    assert len(alone) == 4
+    torch.testing.assert_close(lean.next_logits, tree.next_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lean_logits, tree_logits, atol=1e-5, rtol=1e-5)
+    for (k1, v1), (k2, v2) in zip(tree.layers, lean.layers, strict=True):
+        torch.testing.assert_close(k2, k1, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v2, v1, atol=1e-5, rtol=1e-5)
+    for a, b in zip(tree_full.layers, lean_full.layers, strict=True):
+        torch.testing.assert_close(b.keys, a.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b.values, a.values, atol=1e-5, rtol=1e-5)

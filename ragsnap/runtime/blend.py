@@ -26,8 +26,7 @@ import torch
 
 from ragsnap.runtime.attention import StepMask, step_masks
 from ragsnap.runtime.blend_select import early_question_attention, question_attention
-from ragsnap.runtime.forward import sliding_windows
-from ragsnap.runtime.kv import cache_from_layers
+from ragsnap.runtime.kv import cache_from_layers, sliding_windows
 from ragsnap.runtime.prefill import forward_chunk
 from ragsnap.runtime.reencode import reencode_support, shift_layers
 

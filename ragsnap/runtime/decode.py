@@ -42,8 +42,7 @@ from ragsnap.runtime.attention import observe_attention
 from ragsnap.runtime.drafts import Drafts
 from ragsnap.runtime.forward import BatchedKV, DraftPass, forward_lanes, forward_rows
 from ragsnap.runtime.generation import GenerationConfig, TokenSampler
-from ragsnap.runtime.llama_pass import ChunkFeed, LlamaPass
-from ragsnap.runtime.loading.bf16_matmuls import BF16_MATMULS
+from ragsnap.runtime.llama_pass import ChunkFeed, LlamaPass, computes_chunks
 from ragsnap.runtime.prefill import PrefillResult
 
 # spare cache entries a new row reserves per layer; a longer answer grows its buffers
@@ -235,11 +234,7 @@ class DecodeBatch:
         no attention layer rounding document products to bfloat16 (``medium``)."""
         if self.lean is None or not self.lanes or any(r.votes is not None for r in self.rows):
             return False
-        if next(self.model.parameters()).device.type != "cpu":
-            return False
-        return not any(
-            getattr(layer.self_attn, BF16_MATMULS, False) for layer in self.model.model.layers
-        )
+        return computes_chunks(self.model)
 
     def step(
         self, chunk: ChunkFeed | None = None, draft: DraftPass | None = None

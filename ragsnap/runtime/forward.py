@@ -25,19 +25,6 @@ from ragsnap.runtime.llama_pass import ChunkFeed, LlamaPass
 Layers = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 
-def sliding_windows(config: Any) -> list[int | None]:
-    """Per layer: the sliding window of a sliding-attention layer, else None."""
-    config = getattr(config, "get_text_config", lambda: config)()
-    layers = int(config.num_hidden_layers)
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if not window:
-        return [None] * layers
-    if types is None:  # Mistral-style: every layer slides
-        return [int(window)] * layers
-    return [int(window) if t == "sliding_attention" else None for t in types]
-
-
 class BatchedKV:
     """The caches of ``rows`` requests, one buffer per layer.
 

@@ -62,3 +62,16 @@ def crop_layers(
     """The first ``length`` positions of ``layers`` (``[1, Hkv, n, D]`` per layer), as views."""
     with torch.inference_mode():
         return [(k[:, :, :length], v[:, :, :length]) for k, v in layers]
+
+
+def sliding_windows(config: Any) -> list[int | None]:
+    """Per layer: the sliding window of a sliding-attention layer, else None."""
+    config = getattr(config, "get_text_config", lambda: config)()
+    layers = int(config.num_hidden_layers)
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if not window:
+        return [None] * layers
+    if types is None:  # Mistral-style: every layer slides
+        return [int(window)] * layers
+    return [int(window) if t == "sliding_attention" else None for t in types]

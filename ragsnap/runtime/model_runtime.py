@@ -19,9 +19,9 @@ from ragsnap.runtime import tails as _tails
 from ragsnap.runtime.answer_attention import answer_attention
 from ragsnap.runtime.attention import install_runtime_attention
 from ragsnap.runtime.decode import DecodeBatch
-from ragsnap.runtime.forward import DraftPass, sliding_windows
+from ragsnap.runtime.forward import DraftPass
 from ragsnap.runtime.generation import GenerationConfig, stop_token_ids
-from ragsnap.runtime.kv import cache_from_layers, crop_layers
+from ragsnap.runtime.kv import cache_from_layers, crop_layers, sliding_windows
 from ragsnap.runtime.likelihood import mean_lift, span_lifts
 from ragsnap.runtime.llama_pass import llama_pass_for
 from ragsnap.runtime.loading.models import LoadedModel

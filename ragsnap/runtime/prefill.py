@@ -31,8 +31,9 @@ from ragsnap.compression.hooks import query_capture
 from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.compression.propagate import budget_need, propagation_of, voting_parameters
 from ragsnap.runtime.drafts import Drafts
-from ragsnap.runtime.forward import DraftPass, sliding_windows
-from ragsnap.runtime.kv import cache_nbytes, derive_cache
+from ragsnap.runtime.forward import DraftPass
+from ragsnap.runtime.kv import cache_nbytes, derive_cache, sliding_windows
+from ragsnap.runtime.llama_pass import ChunkFeed, LlamaPass, computes_chunks, llama_pass_for
 from ragsnap.runtime.loading.bf16_matmuls import medium_products
 from ragsnap.runtime.propagation import LayerSplit, select_tokens
 from ragsnap.runtime.reserved_cache import reserved
@@ -158,6 +159,21 @@ def forward_tokens(
         **{cache_kwarg: cache},
     )
     return out.logits[0]
+
+
+def chunk_pass(model: Any) -> LlamaPass | None:
+    """The lean pass that computes ``model``'s prompt chunks when no hook watches them
+    (:meth:`~ragsnap.runtime.llama_pass.LlamaPass.chunk`), or None (module tree)."""
+    lean = llama_pass_for(model)
+    return lean if lean is not None and computes_chunks(model) else None
+
+
+def compute_chunk(model: Any, cache_kwarg: str, lean: LlamaPass | None, step: ChunkStep) -> None:
+    """``step``'s chunk into its cache, through ``lean`` where given (no logits needed)."""
+    if lean is not None:
+        lean.chunk(ChunkFeed(step.ids, step.cache, step.begin))
+    else:
+        forward_chunk(model, cache_kwarg, step.ids, step.cache, step.begin)
 
 
 @dataclass
@@ -357,6 +373,7 @@ def prefill_steps(
     split, share, reason = propagation_plan(model, cache_kwarg, press_list, start)
     positions: torch.Tensor | None = None
     length = len(input_ids)
+    lean = chunk_pass(model)
     _sync(device)
     started = time.perf_counter()
     with reserved(cache, length + ahead), split.installed() if split else contextlib.nullcontext():
@@ -366,7 +383,7 @@ def prefill_steps(
             if split is not None:
                 split.lower(step.ids, cache, begin)
             elif not step.done:
-                forward_chunk(model, cache_kwarg, step.ids, cache, begin)
+                compute_chunk(model, cache_kwarg, lean, step)
         yield ChunkStep(input_ids[starts[-1] :], cache, starts[-1], False, length - starts[-1])
         hooks = compression_hooks(
             model,
@@ -502,12 +519,17 @@ def prefill_full_steps(
     starts = chunk_starts(0, len(input_ids), chunk, 1)
     logits = torch.empty(0)
     length = len(input_ids)
+    lean = chunk_pass(model)
     with reserved(cache, length):
         for begin, end in zip(starts, [*starts[1:], length], strict=True):
             last = end == length
             step = ChunkStep(input_ids[begin:end], cache, begin, not last, length - begin)
             yield step
-            if not step.done:
-                with medium_products():
+            if step.done:
+                continue
+            with medium_products():
+                if last:
                     logits = forward_chunk(model, cache_kwarg, step.ids, cache, begin)
+                else:
+                    compute_chunk(model, cache_kwarg, lean, step)
     return logits

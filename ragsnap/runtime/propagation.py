@@ -29,7 +29,7 @@ import torch
 from ragsnap.compression.base import LayerContext
 from ragsnap.compression.hooks import attention_modules
 from ragsnap.compression.snapkv import pool_scores, window_attention
-from ragsnap.runtime.forward import sliding_windows
+from ragsnap.runtime.kv import sliding_windows
 
 
 class _Stop(Exception):  # noqa: N818 - control flow, not an error

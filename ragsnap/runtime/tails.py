@@ -30,8 +30,8 @@ from ragsnap.compression.lookahead import lookahead_tokens
 from ragsnap.compression.propagate import propagation_of
 from ragsnap.runtime.decode import DRAFT_PASS_TOKENS
 from ragsnap.runtime.drafts import Drafts
-from ragsnap.runtime.forward import BatchedKV, DraftPass, forward_rows, sliding_windows
-from ragsnap.runtime.kv import cache_from_layers, cache_nbytes
+from ragsnap.runtime.forward import BatchedKV, DraftPass, forward_rows
+from ragsnap.runtime.kv import cache_from_layers, cache_nbytes, sliding_windows
 from ragsnap.runtime.llama_pass import LlamaPass
 from ragsnap.runtime.prefill import (
     PREFIX_LOADED,
