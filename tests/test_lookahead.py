@@ -243,26 +243,18 @@ def _drafts_both_ways(model, kwarg, prompt, tokens=8):
     draft guessed from ``prompt``."""
     from transformers import DynamicCache
 
-    calls: list[int] = []
-    real_forward = model.forward
-
-    def counted(*args, **kwargs):
-        calls.append(kwargs["input_ids"].shape[1])
-        return real_forward(*args, **kwargs)
-
     out = []
     for context in ((), prompt):
         cache = DynamicCache(config=model.config)
         logits = forward_chunk(model, kwarg, prompt, cache, 0)
-        calls.clear()
-        model.forward = counted
+        steps = draft_queries(model, kwarg, cache, logits, len(prompt), tokens, set(), context)
+        fed: list[int] = []
         try:
-            queries, drafted = drain(
-                draft_queries(model, kwarg, cache, logits, len(prompt), tokens, set(), context)
-            )
-        finally:
-            del model.forward
-        out.append((queries, drafted, cache, list(calls)))
+            while True:
+                fed.append(len(next(steps).ids))
+        except StopIteration as finished:
+            queries, drafted = finished.value
+        out.append((queries, drafted, cache, fed))
     return out
 
 
@@ -290,6 +282,32 @@ def test_a_draft_with_rejected_guesses_is_the_one_token_draft() -> None:
     plain, guessed = _drafts_both_ways(engine.loaded.model, engine.loaded.cache_kwarg, prompt)
     assert plain[3] == [1] * 8 and max(guessed[3]) > 1  # guesses were fed
     _same_draft(plain, guessed, len(prompt))
+
+
+def test_a_draft_in_the_lean_pass_is_the_module_trees(monkeypatch) -> None:
+    """Draft passes left to the prefill run in the lean pass where the model has one: the
+    tokens, voting queries and cache of the module tree's passes (float32)."""
+    import ragsnap.runtime.prefill as prefill_module
+    from ragsnap.runtime.llama_pass import LlamaPass
+
+    engine = tiny_engine("llama")
+    model, kwarg = engine.loaded.model, engine.loaded.cache_kwarg
+    prompt = [5 + (i % 11) for i in range(66)]
+    passes: list[int] = []
+    real = LlamaPass.chunk
+    monkeypatch.setattr(
+        LlamaPass, "chunk", lambda self, feed: (passes.append(len(feed.ids)), real(self, feed))
+    )
+    lean = _drafts_both_ways(model, kwarg, prompt)
+    assert passes == lean[0][3] + lean[1][3]  # every pass of both drafts ran in it
+    monkeypatch.setattr(prefill_module, "chunk_pass", lambda model: None)
+    tree = _drafts_both_ways(model, kwarg, prompt)
+    for (q1, t1, c1, f1), (q2, t2, c2, f2) in zip(tree, lean, strict=True):
+        assert t2 == t1 and f2 == f1 and sorted(q2) == sorted(q1)
+        for layer in q1:
+            torch.testing.assert_close(q2[layer], q1[layer], atol=1e-5, rtol=1e-5)
+        for a, b in zip(c1.layers, c2.layers, strict=True):
+            torch.testing.assert_close(b.keys, a.keys, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.model

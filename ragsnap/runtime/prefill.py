@@ -278,10 +278,13 @@ def draft_queries(
     cache and the queries. The draft is the one of one-token passes, in fewer passes.
 
     A generator: each pass is yielded before it runs (:class:`DraftChunk`: its driver may
-    compute it beside other rows); one its driver left uncomputed runs here, through the
-    module tree. A pass is a few tokens over the whole prompt, weight-bound on a CPU."""
+    compute it beside other rows); one its driver left uncomputed runs here, in the lean
+    pass where :func:`chunk_pass` gives one, else through the module tree (its queries
+    recorded by :func:`query_capture`). A pass is a few tokens over the whole prompt,
+    weight-bound on a CPU."""
     drafted: list[int] = []
     guesses = Drafts(context, stop_ids) if context else None
+    lean = chunk_pass(model)
     captured: dict[int, list[torch.Tensor]] = {}
     while len(drafted) < tokens:
         token = int(logits[0].argmax())
@@ -295,7 +298,11 @@ def draft_queries(
         fed = [token, *guess]
         step = DraftChunk(fed, cache, position + len(drafted) - 1)
         yield step
-        if step.logits is None:
+        if step.logits is None and lean is not None:
+            feed = ChunkFeed(fed, cache, step.begin, queries=step.queries)
+            lean.chunk(feed)
+            step.logits = feed.logits
+        elif step.logits is None:
             with query_capture(model) as own:
                 step.logits = forward_tokens(model, cache_kwarg, fed, cache, step.begin, len(fed))
             step.queries = own
@@ -502,34 +509,25 @@ def prefill_full(
     *,
     chunk: int | None = None,
     on_chunk: Callable[[], None] | None = None,
-) -> torch.Tensor:
+) -> None:
     """:func:`prefill_full_steps` drained (``on_chunk`` between chunks, see :func:`drain`)."""
-    logits: torch.Tensor = drain(
-        prefill_full_steps(model, cache_kwarg, input_ids, cache, chunk=chunk), on_chunk
-    )
-    return logits
+    drain(prefill_full_steps(model, cache_kwarg, input_ids, cache, chunk=chunk), on_chunk)
 
 
 def prefill_full_steps(
     model: Any, cache_kwarg: str, input_ids: Sequence[int], cache: Any, *, chunk: int | None = None
-) -> Generator[ChunkStep, None, torch.Tensor]:
-    """Full KV of ``input_ids`` into ``cache`` (no press), chunked, a step before each chunk
-    (all but the last ridable); last logits ``[1, V]``. The pass over a document prefix: it
-    runs inside :func:`~ragsnap.runtime.loading.bf16_matmuls.medium_products`."""
+) -> Generator[ChunkStep, None, None]:
+    """Full KV of ``input_ids`` into ``cache`` (no press, no logits), chunked, a ridable
+    step before each chunk. The pass over a document prefix: it runs inside
+    :func:`~ragsnap.runtime.loading.bf16_matmuls.medium_products` (in the lean pass where
+    nothing rounds to bfloat16, :func:`chunk_pass`)."""
     starts = chunk_starts(0, len(input_ids), chunk, 1)
-    logits = torch.empty(0)
     length = len(input_ids)
     lean = chunk_pass(model)
     with reserved(cache, length):
         for begin, end in zip(starts, [*starts[1:], length], strict=True):
-            last = end == length
-            step = ChunkStep(input_ids[begin:end], cache, begin, not last, length - begin)
+            step = ChunkStep(input_ids[begin:end], cache, begin, True, length - begin)
             yield step
-            if step.done:
-                continue
-            with medium_products():
-                if last:
-                    logits = forward_chunk(model, cache_kwarg, step.ids, cache, begin)
-                else:
+            if not step.done:
+                with medium_products():
                     compute_chunk(model, cache_kwarg, lean, step)
-    return logits
