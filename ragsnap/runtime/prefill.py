@@ -307,6 +307,7 @@ def draft_queries(
                 step.logits = forward_tokens(model, cache_kwarg, fed, cache, step.begin, len(fed))
             step.queries = own
         out = step.logits
+        assert out is not None, "a draft pass left without logits"
         picks = out.argmax(dim=-1).tolist()  # picks[j]: greedy's token after fed[j]
         kept = 0
         while kept < len(guess) and picks[kept] == guess[kept]:
