@@ -327,3 +327,27 @@ def test_a_draft_that_copies_the_prompt_takes_fewer_passes(engine) -> None:
     plain, guessed = _drafts_both_ways(model, kwarg, prompt)
     assert len(guessed[3]) < len(plain[3]) == len(plain[1])
     _same_draft(plain, guessed, len(prompt))
+
+
+def test_a_draft_over_layers_holding_fewer_entries_than_positions_stays_in_the_tree() -> None:
+    """A query-aware prefill keeps only the propagated tokens past its split: its draft's
+    passes are not ridable and run through the module tree (whose masks count entries),
+    and the lean pass refuses such a cache rather than attend by position."""
+    from transformers import DynamicCache
+
+    from ragsnap.runtime.llama_pass import ChunkFeed
+
+    engine = tiny_engine("llama")
+    model, kwarg = engine.loaded.model, engine.loaded.cache_kwarg
+    prompt = random_prompt(40)
+    cache = DynamicCache(config=model.config)
+    logits = forward_chunk(model, kwarg, prompt, cache, 0)
+    upper = cache.layers[-1]  # the last layer keeps 30 of the 40 positions
+    upper.keys, upper.values = upper.keys[:, :, 10:], upper.values[:, :, 10:]
+    steps = draft_queries(model, kwarg, cache, logits, len(prompt), 3, set())
+    first = next(steps)
+    assert not first.ridable
+    queries, drafted = drain(steps)
+    assert len(drafted) == 3 and queries[0].shape[2] == 3
+    with pytest.raises(ValueError, match="holds 33 entries"):
+        engine.runtime.lean.chunk(ChunkFeed([5], cache, len(prompt) + 3))

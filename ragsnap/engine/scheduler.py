@@ -537,7 +537,7 @@ class Scheduler:
         while not isinstance(step, ChunkStep):  # a draft pass left to it runs itself
             if isinstance(step, PromptLogits):
                 self._send_first([(top.request, top.planned)], step.logits)
-            elif isinstance(step, DraftChunk) and self._running:
+            elif isinstance(step, DraftChunk) and step.ridable and self._running:
                 feed = ChunkFeed(step.ids, step.cache, step.begin, queries=step.queries)
                 self._decode_step(feed)
                 step.logits = feed.logits

@@ -169,6 +169,11 @@ class LlamaPass:
             if chunk is not None:
                 if chunk.queries is not None:
                     chunk.queries.setdefault(i, []).append(_chunk(query, rows).float())
+                if chunk.cache.get_seq_length(i) != chunk.begin:  # the kernel needs it so
+                    raise ValueError(
+                        f"layer {i} holds {chunk.cache.get_seq_length(i)} entries, not the "
+                        f"{chunk.begin} positions before the chunk"
+                    )
                 keys, values = chunk.cache.update(_chunk(key, rows), _chunk(value, rows), i)
                 out = causal_chunk_sdpa(
                     _chunk(query, rows), keys, values, chunk.begin, self.scaling

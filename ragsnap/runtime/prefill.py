@@ -205,13 +205,17 @@ class DraftChunk:
     """A pass of a prompt's lookahead draft about to run (:func:`draft_queries`): ``ids``
     at positions ``begin ..`` on top of ``cache``. Its driver may compute it in the same
     pass as other work (the scheduler's decode step, a
-    :class:`~ragsnap.runtime.llama_pass.ChunkFeed` with ``queries``) and set ``logits``
-    (``[n, V]``, every position's), the queries recorded into ``queries`` (layer -> one
-    ``[1, Hq, n, D]``); else the draft computes it itself when it goes on."""
+    :class:`~ragsnap.runtime.llama_pass.ChunkFeed` with ``queries``) when ``ridable`` and
+    set ``logits`` (``[n, V]``, every position's), the queries recorded into ``queries``
+    (layer -> one ``[1, Hq, n, D]``); else the draft computes it itself when it goes on.
+    Not ridable where a layer's cache holds fewer entries than positions (a query-aware
+    prefill keeps only the propagated tokens past its split): the lean pass attends by
+    position."""
 
     ids: list[int]
     cache: Any
     begin: int
+    ridable: bool = True
     queries: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     logits: torch.Tensor | None = None
 
@@ -284,7 +288,8 @@ def draft_queries(
     weight-bound on a CPU."""
     drafted: list[int] = []
     guesses = Drafts(context, stop_ids) if context else None
-    lean = chunk_pass(model)
+    ridable = all(cache.get_seq_length(i) == position for i in range(len(cache.layers)))
+    lean = chunk_pass(model) if ridable else None
     captured: dict[int, list[torch.Tensor]] = {}
     while len(drafted) < tokens:
         token = int(logits[0].argmax())
@@ -296,7 +301,7 @@ def draft_queries(
             guesses.extend([token])
             guess = guesses.draft(tokens - len(drafted))
         fed = [token, *guess]
-        step = DraftChunk(fed, cache, position + len(drafted) - 1)
+        step = DraftChunk(fed, cache, position + len(drafted) - 1, ridable)
         yield step
         if step.logits is None and lean is not None:
             feed = ChunkFeed(fed, cache, step.begin, queries=step.queries)
