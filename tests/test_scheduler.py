@@ -804,11 +804,10 @@ def test_prefix_hits_finished_while_rows_decode_draft_in_their_decode_steps(
     scheduler = decoding(engine_on(tmp_path / "kv"), long)
     for r in hits:
         scheduler.submit(r)
-    for r in (long, *hits):
+    for r in (long, *hits, *([late] if arrives_mid_group else [])):
         assert r.closed.wait(60) and r.outcome == "ok"
     scheduler.stop()
     if arrives_mid_group:
-        assert late.closed.wait(60) and late.outcome == "ok"
         assert rides == [True]  # after the first pass, the rest ran alone
     else:
         assert len(rides) > 1 and all(rides)  # every pass rode a decode step of the long row
