@@ -92,8 +92,9 @@ class LlamaPass:
 
     def chunk(self, feed: ChunkFeed) -> None:
         """Compute ``feed`` alone (:meth:`lanes` with no rows): a prefill chunk or draft
-        pass without the module tree's per-module costs (a 2.2K-token prompt in 512-token chunks, embedded model,
-        2 threads: 1.22-1.27 s against 1.27-1.36 s, the same keys and values)."""
+        pass without the module tree's per-module costs (a 2.2K-token prompt in 512-token
+        chunks, embedded model, 2 threads: 1.22-1.27 s against 1.27-1.36 s, the same keys
+        and values)."""
         none = torch.empty(0, 0, dtype=torch.long)
         self.lanes((), none, none, last_only=True, chunk=feed)
 
