@@ -122,3 +122,31 @@ def test_holding_several_keys_of_one_lock_stripe_does_not_wait_on_itself(tmp_pat
         assert not entered.wait(0.5)
     thread.join(10)
     assert entered.is_set() and held < 5
+
+
+def test_a_put_under_the_cap_does_not_scan_the_directory(tmp_path, monkeypatch):
+    """A cold prompt writes one entry per document: each put once stat-ed every file of
+    the store, so puts slowed as the store filled. The size tally spares the scans until
+    the cap comes near, or the tally is older than RESCAN_S."""
+    from ragsnap.cache.backends import file_store
+
+    store = FileKVStore(tmp_path, max_bytes=10**9)
+    scans = []
+    real = store._entries
+    monkeypatch.setattr(store, "_entries", lambda *a: scans.append(1) or real(*a))
+    for i in range(200):
+        assert store.put(_key(n=i), b"x" * 100)
+    assert len(scans) == 1  # the first put, which found no tally
+    monkeypatch.setattr(file_store.time, "time", lambda: 10**10)  # the tally grew stale
+    store.put(_key(n=500), b"x" * 100)
+    assert len(scans) == 2
+    assert store.stats()["entries"] == 201
+
+
+def test_stores_sharing_a_directory_count_each_others_puts(tmp_path):
+    """Two stores on one folder (two processes) keep it under the cap together."""
+    stores = [FileKVStore(tmp_path, max_bytes=5000), FileKVStore(tmp_path, max_bytes=5000)]
+    for i in range(12):
+        assert stores[i % 2].put(_key(n=i), bytes([i]) * 1000)
+        assert FileKVStore(tmp_path).stats()["bytes"] <= 5000
+    assert stores[0].get(_key(n=11)) == bytes([11]) * 1000

@@ -7,7 +7,11 @@ exists keeps its mode (a warning when others may read it). The store only ever d
 what it wrote: a file is an entry when its name is ``<kind>-<64 hex>.kv`` and it starts
 with the magic line; anything else in the folders is left alone. Writes go to a temporary
 file and are renamed into place, so a reader sees a whole entry or none; reading touches the file's mtime, and the oldest
-files go first when the directory grows past ``max_bytes``. Eviction and per-entry
+files go first when the directory grows past ``max_bytes``. The directory's size is a tally
+kept beside the lock files (``.locks/usage``): a put adds its bytes to it and scans the
+directory only when the tally would pass ``max_bytes`` or is older than ``RESCAN_S``, so a
+put costs the same in a store of ten entries or ten thousand (a cold prompt writes one
+entry per document). Eviction and per-entry
 computation hold :mod:`filelock` locks, so two processes can share one directory. A full
 disk (ENOSPC) evicts the oldest entries to make room and tries once more; if that fails
 too, the entry is not stored and the answer goes on.
@@ -40,6 +44,10 @@ DIGEST_BYTES = 32
 DEFAULT_MAX_BYTES = 4 * 2**30
 SUFFIX = ".kv"
 _STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
+# the size tally is trusted this long after the scan it started from: files that appear
+# without a put (another program's) are counted at the next scan at most this late
+RESCAN_S = 60.0
+USAGE_FILE = "usage"  # in the lock folder: "<bytes> <unix time of the last scan>"
 # entry locks are striped so lock files never pile up: the digest's first byte, so taking
 # keys in digest order (KVStore.exclusive_many) takes their stripes in order too
 _LOCK_STRIPES = 256
@@ -222,8 +230,29 @@ class FileKVStore(KVStore):
             except OSError as again:
                 logger.warning("file cache: cannot write %s: %s", path.name, again)
                 return False
-        self._evict(keep=path)
+        self._count(size, keep=path)
         return True
+
+    def _count(self, size: int, keep: Path) -> None:
+        """Add a written entry's ``size`` to the directory's tally; scan and evict when the
+        tally would pass ``max_bytes``, or is missing or stale (:data:`RESCAN_S`)."""
+        try:
+            with self._eviction_lock():
+                usage = self._locks / USAGE_FILE
+                try:
+                    total_text, scanned_text = usage.read_text(encoding="ascii").split()
+                    total, scanned = int(total_text) + size, float(scanned_text)
+                except (OSError, ValueError):
+                    total, scanned = None, 0.0
+                if total is None or total > self.max_bytes or time.time() - scanned > RESCAN_S:
+                    total, scanned = self._evict(keep), time.time()
+                tmp = usage.with_name(f".{USAGE_FILE}.{os.getpid()}.tmp")
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+                with os.fdopen(fd, "w", encoding="ascii") as handle:
+                    handle.write(f"{total} {scanned}\n")
+                os.replace(tmp, usage)
+        except OSError as exc:
+            logger.warning("file cache: eviction failed: %s", exc)
 
     def _write(self, path: Path, payload: bytes) -> None:
         """Write the entry to a private temporary file and rename it into place."""
@@ -291,30 +320,28 @@ class FileKVStore(KVStore):
                 except FileNotFoundError:  # removed by another process meanwhile
                     continue
 
-    def _evict(self, keep: Path) -> None:
-        """Delete least recently used entries until the directory fits ``max_bytes``."""
-        try:
-            with self._eviction_lock():
-                now = time.time()
-                entries = []
-                for path, st in self._entries():
-                    if _TMP_NAME.match(path.name):
-                        if now - st.st_mtime > _STALE_TMP_S:
-                            path.unlink(missing_ok=True)
-                        continue
-                    if _ENTRY_NAME.match(path.name):  # the magic line is read before a delete
-                        entries.append((st.st_mtime, st.st_size, path))
-                total = sum(size for _, size, _ in entries)
-                for _, size, path in sorted(entries):
-                    if total <= self.max_bytes:
-                        break
-                    if path == keep or not is_entry(path):
-                        continue
+    def _evict(self, keep: Path) -> int:
+        """Delete least recently used entries until the directory fits ``max_bytes`` (the
+        eviction lock held); the bytes its entries hold after."""
+        now = time.time()
+        entries = []
+        for path, st in self._entries():
+            if _TMP_NAME.match(path.name):
+                if now - st.st_mtime > _STALE_TMP_S:
                     path.unlink(missing_ok=True)
-                    total -= size
-                    logger.info("file cache: evicted %s (%d bytes)", path.name, size)
-        except OSError as exc:
-            logger.warning("file cache: eviction failed: %s", exc)
+                continue
+            if _ENTRY_NAME.match(path.name):  # the magic line is read before a delete
+                entries.append((st.st_mtime, st.st_size, path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if path == keep or not is_entry(path):
+                continue
+            path.unlink(missing_ok=True)
+            total -= size
+            logger.info("file cache: evicted %s (%d bytes)", path.name, size)
+        return total
 
     def clear(self, namespace: str | None = None) -> int:
         """Delete the entries (of ``namespace``); other files stay. Folders left empty go."""
