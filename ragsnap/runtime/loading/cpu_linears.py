@@ -35,6 +35,7 @@ from collections.abc import Callable
 import torch
 
 from ragsnap.runtime.loading.bf16_matmuls import medium_allowed
+from ragsnap.runtime.loading.four_bit_linears import FourBitLinear
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +211,12 @@ def pack_linears(model: torch.nn.Module, documents_bf16: bool = False) -> int:
 
 def unpack_linears(model: torch.nn.Module) -> int:
     """Turn every packed linear of ``model`` back into a dense ``nn.Linear``, in place (the
-    values it computed with); returns how many. Benchmarks compare the layouts with it."""
+    values it computed with; a 4-bit copy for few rows is dropped too); returns how many.
+    Benchmarks compare the layouts with it."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, FourBitLinear):
+                setattr(parent, name, child.inner)
     targets = [
         (parent, name, child)
         for parent in model.modules()

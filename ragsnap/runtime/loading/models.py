@@ -17,6 +17,7 @@ import torch
 import ragsnap.runtime.loading.bf16_matmuls as bf16_matmuls
 import ragsnap.runtime.loading.converted_weights as converted_weights
 import ragsnap.runtime.loading.cpu_linears as cpu_linears
+import ragsnap.runtime.loading.four_bit_linears as four_bit_linears
 import ragsnap.runtime.loading.fused_projections as fused_projections
 from ragsnap.errors import ModelLoadError
 
@@ -239,6 +240,7 @@ def load_model(
     model.to(device=target, dtype=torch_dtype).eval()
     if target.type == "cpu":
         fused_projections.fuse_projections(model)
+        four_bit_linears.four_bit_linears(model)  # before packing: it reads dense weights
         cpu_linears.pack_linears(model, documents_bf16=medium)
         if torch_dtype == torch.float32:  # any linear left dense
             cpu_linears.column_major_linears(model)
