@@ -12,9 +12,11 @@ linears of one step (random weights of the embedded model's shapes): 4 rows 10.3
 against 27.4-29.3 ms dense bfloat16, 8 rows 17.3 against 26.8, 16 rows 33.2 against 26.3
 (hence the bound: prefill chunks keep the dense, oneDNN-packed weight).
 
-The 4-bit weights differ from the bfloat16 ones by at most :data:`GRID_TOLERANCE` of a
-group's step (0.053 measured on the embedded model, whose bfloat16 rounding alone moves a
-weight by up to 0.03 of a step): two roundings of the same 4-bit model. A model whose
+The 4-bit weights differ from the loaded bfloat16 ones by at most :data:`GRID_TOLERANCE` of
+a group's step (0.053 measured on the embedded model, whose bfloat16 rounding alone moves a
+weight by up to 0.03 of a step): two roundings of the same 4-bit model. The dense weight is
+then set to the 4-bit one (rounded to bfloat16), so a prefill and a decode step compute
+with the same weights up to bfloat16's rounding. A model whose
 weights are not on such a grid (any model not quantized to 4 bits) keeps its layers as
 they are.
 """
@@ -55,8 +57,9 @@ def on_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 
 class FourBitLinear(torch.nn.Module):
-    """A linear layer (``inner``, dense or packed) whose weights lie on a 4-bit grid: few-row
-    products read the 4-bit copy, the others ``inner``.
+    """A dense linear layer ``inner`` whose weights lie on a 4-bit grid: few-row products read
+    the 4-bit copy, the others ``inner`` (whose weight is set to the 4-bit one; it may be
+    packed afterwards).
 
     ``forward``: ``x`` ``[..., in_features]`` -> ``[..., out_features]``.
     """
@@ -68,6 +71,12 @@ class FourBitLinear(torch.nn.Module):
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 2)
         self.scales_zeros = scales_zeros
         self.bias = getattr(inner, "bias", None)
+        # the dense weight becomes the 4-bit one as bfloat16 holds it, so many-row and
+        # few-row products compute with the same weights (bfloat16 rounding apart)
+        scale, zero = scales_zeros.float().permute(1, 0, 2).unsqueeze(-2).unbind(-1)
+        grouped = levels.float().view(self.out_features, -1, GROUP)
+        with torch.no_grad():
+            inner.weight.copy_(((grouped - 8) * scale + zero).view_as(inner.weight))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
