@@ -103,3 +103,16 @@ def test_a_4_bit_model_decodes_on_its_4_bit_weights_and_a_dense_one_stays_as_it_
     assert four_bit_linears(dense) == 0
     assert not any(isinstance(m, FourBitLinear) for m in dense.modules())
     assert four_bit_linears(tiny_model("llama").eval()) == 0  # float32: left as it is
+
+
+@pytest.mark.model
+def test_the_embedded_model_in_bfloat16_decodes_on_4_bit_weights_unless_turned_off() -> None:
+    from ragsnap.runtime.loading.models import load_model
+
+    loaded = load_model("embedded", device="cpu", dtype="bfloat16")
+    layers = loaded.model.model.layers
+    assert loaded.four_bit and isinstance(layers[0].mlp.down_proj, FourBitLinear)
+    assert sum(isinstance(m, FourBitLinear) for m in loaded.model.modules()) == 4 * len(layers)
+    dense = load_model("embedded", device="cpu", dtype="bfloat16", four_bit_weights=False)
+    assert not dense.four_bit
+    assert not any(isinstance(m, FourBitLinear) for m in dense.model.modules())

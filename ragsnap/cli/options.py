@@ -35,7 +35,8 @@ def seed_value(text: str) -> int:
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """``--model``, ``--device``, ``--dtype``, ``--matmul-precision`` (engine config fields)."""
+    """``--model``, ``--device``, ``--dtype``, ``--matmul-precision``, ``--four-bit-weights``
+    (engine config fields)."""
     add_config_options(parser, MODEL_FIELDS)
 
 

@@ -55,6 +55,11 @@ class EngineConfig(BaseSettings, PressSettings):
         description="float32 CPU models: medium rounds the inputs of long products to "
         "bfloat16 (float32 accumulation); auto: medium on CPUs with AVX512-BF16",
     )
+    four_bit_weights: bool = Field(
+        default=True,
+        description="bfloat16 CPU models whose weights are 4-bit blocks (the embedded GGUF): "
+        "products of at most 8 rows (decode steps) read a 4-bit copy of the weights",
+    )
     threads: int | None = Field(
         default=None,
         ge=1,

@@ -26,6 +26,7 @@ def configured_model(config: EngineConfig, **load_options: Any) -> LoadedModel:
         device=config.device,
         dtype=config.dtype,
         matmul_precision=config.matmul_precision,
+        four_bit_weights=config.four_bit_weights,
         **load_options,
     )
 

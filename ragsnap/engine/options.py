@@ -28,7 +28,7 @@ FLAG_NAMES = {
     "default_max_new_tokens": "--max-new-tokens",
 }
 
-MODEL_FIELDS = ("model", "device", "dtype", "matmul_precision")
+MODEL_FIELDS = ("model", "device", "dtype", "matmul_precision", "four_bit_weights")
 CACHE_FIELDS = (
     "cache_url",
     "storage_dtype",

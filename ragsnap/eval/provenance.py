@@ -74,6 +74,7 @@ def provenance(
         "device": str(getattr(runtime, "device", "")),
         "dtype": str(getattr(getattr(loaded, "model", None), "dtype", "")) or None,
         "matmul_precision": getattr(loaded, "matmul_precision", None),
+        "four_bit_weights": getattr(loaded, "four_bit", None),
         "threads": torch.get_num_threads(),
         "grid": list(grid_configs),
         "layer_profile": layer_profile or "auto",

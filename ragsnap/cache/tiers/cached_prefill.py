@@ -184,6 +184,8 @@ class CachedPrefill:
         dtype = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
         if loaded.matmul_precision != "highest":  # other products, other entries
             dtype += f"-{loaded.matmul_precision}"
+        if loaded.four_bit:  # other weights, other entries
+            dtype += "-4bit"
         return keys.model_identity(loaded.model_id, loaded.revision, dtype, loaded.device.type)
 
     def entry_identity(self) -> dict[str, Any]:

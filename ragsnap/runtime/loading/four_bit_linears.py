@@ -64,7 +64,7 @@ class FourBitLinear(torch.nn.Module):
     ``forward``: ``x`` ``[..., in_features]`` -> ``[..., out_features]``.
     """
 
-    def __init__(self, inner: torch.nn.Module, levels: torch.Tensor, scales_zeros: torch.Tensor):
+    def __init__(self, inner: torch.nn.Linear, levels: torch.Tensor, scales_zeros: torch.Tensor):
         super().__init__()
         self.inner = inner
         self.in_features, self.out_features = levels.shape[1], levels.shape[0]

@@ -40,6 +40,8 @@ class LoadedModel:
     device: torch.device
     # "medium": a float32 CPU model whose long products round inputs to bfloat16
     matmul_precision: str = "highest"
+    # few-row products read a 4-bit copy of the weights (four_bit_linears)
+    four_bit: bool = False
 
     @property
     def cache_kwarg(self) -> str:
@@ -191,12 +193,15 @@ def load_model(
     attn_implementation: str | None = None,
     revision: str | None = None,
     matmul_precision: str = "auto",
+    four_bit_weights: bool = True,
 ) -> LoadedModel:
     """Load ``name``: ``embedded``, a Hugging Face id, a local directory or a ``.gguf`` path.
 
     GGUF weights are dequantized to float32 (transformers does not run quantized GGUF),
     then cast to ``dtype`` (see :func:`resolve_dtype`). ``matmul_precision``: ``auto``,
     ``highest`` or ``medium`` (see :mod:`ragsnap.runtime.loading.bf16_matmuls`).
+    ``four_bit_weights``: a bfloat16 CPU model whose weights are 4-bit blocks computes
+    few-row products on a 4-bit copy (:mod:`ragsnap.runtime.loading.four_bit_linears`).
     The converted weights are kept for later starts (:mod:`ragsnap.runtime.loading.converted_weights`).
     Raises :class:`ModelLoadError` with the reason when the model cannot be loaded.
     """
@@ -238,9 +243,11 @@ def load_model(
             converted_weights.save_converted(*loaded, gguf, converted)
     model, tokenizer = loaded
     model.to(device=target, dtype=torch_dtype).eval()
+    four_bit = False
     if target.type == "cpu":
         fused_projections.fuse_projections(model)
-        four_bit_linears.four_bit_linears(model)  # before packing: it reads dense weights
+        if four_bit_weights:  # before packing: it reads dense weights
+            four_bit = four_bit_linears.four_bit_linears(model) > 0
         cpu_linears.pack_linears(model, documents_bf16=medium)
         if torch_dtype == torch.float32:  # any linear left dense
             cpu_linears.column_major_linears(model)
@@ -249,12 +256,13 @@ def load_model(
     precision = "medium" if medium else "highest"
     commit = getattr(model.config, "_commit_hash", None)
     logger.info(
-        "loaded %s on %s (%s, %s, %s matmul precision)",
+        "loaded %s on %s (%s, %s, %s matmul precision%s)",
         model_id,
         target,
         attn,
         torch_dtype,
         precision,
+        ", 4-bit weights for few-row products" if four_bit else "",
     )
     return LoadedModel(
         model=model,
@@ -263,4 +271,5 @@ def load_model(
         revision=revision or revision_label or commit or "local",
         device=target,
         matmul_precision=precision,
+        four_bit=four_bit,
     )
