@@ -8,9 +8,11 @@ that grid, up to bfloat16's rounding. Where every group of 32 of a layer's weigh
 the layer keeps a 4-bit copy (torch's int4 weight-only kernel, ``w = (q - 8) * s + z`` with
 ``s`` and ``z`` in bfloat16) and products of at most :data:`MAX_ROWS` rows use it: a
 quarter of the bytes. Measured on this project's 2-core AMX Xeon, 2 threads, the 121
-linears of one step (random weights of the embedded model's shapes): 4 rows 10.3-11.1 ms
-against 27.4-29.3 ms dense bfloat16, 8 rows 17.3 against 26.8, 16 rows 33.2 against 26.3
-(hence the bound: prefill chunks keep the dense, oneDNN-packed weight).
+linears of one step (the embedded model's shapes) against the oneDNN-packed bfloat16 ones:
+1 row 5.7 against 20.1 ms, 4 rows 10.1 against 19.7, 8 rows 17.4 against 20.5, while 12
+rows already take longer than the dense weights (hence the bound: prefill chunks and
+12-token speculative passes keep the dense, packed weight). A decode step of 4 compressed
+rows: 38 against 52 ms.
 
 The 4-bit weights differ from the loaded bfloat16 ones by at most :data:`GRID_TOLERANCE` of
 a group's step (0.053 measured on the embedded model, whose bfloat16 rounding alone moves a
@@ -39,9 +41,10 @@ def on_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``weight`` ``[out, in]`` as 4-bit levels: ``(q, scales_zeros)`` with ``q`` int32
     ``[out, in]`` in 0..15 and ``scales_zeros`` ``[in / GROUP, out, 2]`` in ``weight``'s dtype
     (``w ~= (q - 8) * s + z``), or None when a group of :data:`GROUP` weights is not on a
-    16-level grid within :data:`GRID_TOLERANCE` of its step (or ``in`` is no multiple)."""
+    16-level grid within :data:`GRID_TOLERANCE` of its step (or the shape does not divide
+    into the kernel's blocks)."""
     out_features, in_features = weight.shape
-    if in_features % GROUP:
+    if in_features % GROUP or out_features % 16:  # the kernel's blocks
         return None
     groups = weight.detach().float().view(out_features, in_features // GROUP, GROUP)
     low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
@@ -90,7 +93,8 @@ class FourBitLinear(torch.nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit below {MAX_ROWS + 1} rows"
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, 4-bit up to {MAX_ROWS} rows"
 
 
 def four_bit_linears(model: torch.nn.Module) -> int:
@@ -110,11 +114,13 @@ def four_bit_linears(model: torch.nn.Module) -> int:
             if grid is None:
                 return 0  # one layer off the grid: not a 4-bit model
             grids.append((parent, name, child, grid))
-    try:
-        wrapped = [(p, n, FourBitLinear(c, *grid)) for p, n, c, grid in grids]
-    except RuntimeError as exc:  # no int4 kernel in this build
+    try:  # whether this build has the int4 CPU kernel, before any weight changes
+        torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            torch.zeros(16, GROUP, dtype=torch.int32), 2
+        )
+    except (RuntimeError, AttributeError) as exc:
         logger.info("4-bit weights unavailable: %s", exc)
         return 0
-    for parent, name, linear in wrapped:
-        setattr(parent, name, linear)
-    return len(wrapped)
+    for parent, name, child, grid in grids:
+        setattr(parent, name, FourBitLinear(child, *grid))
+    return len(grids)
