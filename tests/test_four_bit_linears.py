@@ -107,7 +107,9 @@ def test_a_4_bit_model_decodes_on_its_4_bit_weights_and_a_dense_one_stays_as_it_
 
 @pytest.mark.model
 def test_the_embedded_model_in_bfloat16_decodes_on_4_bit_weights_unless_turned_off() -> None:
+    from ragsnap.runtime.decode import DRAFT_PASS_TOKENS
     from ragsnap.runtime.loading.models import load_model
+    from ragsnap.runtime.model_runtime import ModelRuntime
 
     loaded = load_model("embedded", device="cpu", dtype="bfloat16")
     layers = loaded.model.model.layers
@@ -116,3 +118,6 @@ def test_the_embedded_model_in_bfloat16_decodes_on_4_bit_weights_unless_turned_o
     dense = load_model("embedded", device="cpu", dtype="bfloat16", four_bit_weights=False)
     assert not dense.four_bit
     assert not any(isinstance(m, FourBitLinear) for m in dense.model.modules())
+    # a speculative pass stays within what the 4-bit products take
+    assert ModelRuntime(loaded, speculate=8).decode_batch().pass_tokens == MAX_ROWS
+    assert ModelRuntime(dense, speculate=8).decode_batch().pass_tokens == DRAFT_PASS_TOKENS

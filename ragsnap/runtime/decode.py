@@ -17,7 +17,8 @@ With ``speculate=k``, a greedy row also feeds up to ``k`` drafted tokens
 with ``ngrams`` prompt n-grams) after its next token, and keeps those its own logits
 confirm: one step may then give a row several tokens, the same ones plain greedy decoding
 gives (up to float noise). A pass over more tokens costs more, and every row of the pass
-is padded to the longest, so a pass feeds at most ``DRAFT_PASS_TOKENS`` tokens in all.
+is padded to the longest, so a pass feeds at most ``DRAFT_PASS_TOKENS`` tokens in all (8 on
+4-bit weights, whose products take at most 8 rows).
 
 With ``commit_drafts``, a greedy row whose prefill drafted tokens on the full cache (the
 lookahead press) takes them as its answer's first tokens instead of checking them: its
@@ -51,7 +52,11 @@ RESERVE_TOKENS = 256
 # the most tokens (rows x longest row, padding included) a pass with drafts feeds. On a
 # 2-core AVX2 CPU (embedded model, float32, 1 thread) a pass took 52 ms for 1 row of 1
 # token, 118 ms for 1 row of 5; 114 / 139 ms for 4 rows of 1 / 3; 139 / 250 ms for 8 rows
-# of 1 / 5: drafts paid at 1 and 4 rows, not at 8 (bench speculate, lab/results.md)
+# of 1 / 5: drafts paid at 1 and 4 rows, not at 8 (bench speculate, lab/results.md). On
+# 4-bit weights a pass past 8 tokens leaves them for the dense ones: there a budget of 8
+# decoded 1 compressed row in 6.4-6.6 ms a token against 7.6-9.1 at 12, and 4 rows in
+# 6.5-6.7 against 7.5 (2 threads, AMX Xeon, the same answers); on dense weights 8 and 12
+# were alike (1 row 12.8-15.4 against 12.9-13.1 ms, 4 rows 7.6-7.7 against 7.8-8.0)
 DRAFT_PASS_TOKENS = 12
 
 # rows share a lane while its narrowest cache holds at least this share of its widest's
@@ -138,8 +143,13 @@ class DecodeBatch:
         ngrams: bool = False,
         commit_drafts: bool = False,
         lean: LlamaPass | None = None,
+        pass_tokens: int = DRAFT_PASS_TOKENS,
     ):
+        """``pass_tokens``: the most tokens a pass with drafts feeds (see
+        :data:`DRAFT_PASS_TOKENS`; a model decoding on 4-bit weights passes the most rows
+        its 4-bit products take, :data:`~ragsnap.runtime.loading.four_bit_linears.MAX_ROWS`)."""
         self.model = model
+        self.pass_tokens = pass_tokens
         self.lean = lean
         self.cache_kwarg = cache_kwarg
         self.stop_ids = stop_ids
@@ -370,7 +380,7 @@ class DecodeBatch:
         """Per row of ``rows``, the tokens it feeds after its next one in a step of
         ``passing`` rows (none for a row that does not speculate, and for every row while
         some row's attention is recorded: one query per row then)."""
-        most = min(self.speculate, DRAFT_PASS_TOKENS // passing - 1)
+        most = min(self.speculate, self.pass_tokens // passing - 1)
         if any(row.votes is not None for row in rows):
             return [[] for _ in rows]
         out = []

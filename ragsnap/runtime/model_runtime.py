@@ -18,12 +18,13 @@ from ragsnap.runtime import prefill as _prefill
 from ragsnap.runtime import tails as _tails
 from ragsnap.runtime.answer_attention import answer_attention
 from ragsnap.runtime.attention import install_runtime_attention
-from ragsnap.runtime.decode import DecodeBatch
+from ragsnap.runtime.decode import DRAFT_PASS_TOKENS, DecodeBatch
 from ragsnap.runtime.forward import DraftPass
 from ragsnap.runtime.generation import GenerationConfig, stop_token_ids
 from ragsnap.runtime.kv import cache_from_layers, crop_layers, sliding_windows
 from ragsnap.runtime.likelihood import mean_lift, span_lifts
 from ragsnap.runtime.llama_pass import llama_pass_for
+from ragsnap.runtime.loading.four_bit_linears import MAX_ROWS as FOUR_BIT_ROWS
 from ragsnap.runtime.loading.models import LoadedModel
 from ragsnap.runtime.prefill import ChunkStep, PrefillResult, PromptLogits, Step
 from ragsnap.runtime.propagation import forced_positions
@@ -402,6 +403,7 @@ class ModelRuntime:
             self.ngrams,
             self.commit_drafts,
             self.lean,
+            pass_tokens=FOUR_BIT_ROWS if self.loaded.four_bit else DRAFT_PASS_TOKENS,
         )
 
     def teacher_force(
