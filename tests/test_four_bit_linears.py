@@ -59,13 +59,18 @@ def test_few_rows_read_the_4_bit_copy_and_more_the_layer_itself(rows) -> None:
     with torch.no_grad():
         dense.weight.copy_(_snapped(dense.weight))
     layer = FourBitLinear(dense, *on_grid(dense.weight))
+    dense_calls: list[int] = []
+    dense.register_forward_hook(lambda *_: dense_calls.append(1))
     x = torch.randn(1, rows, 2 * GROUP).bfloat16()
     with torch.no_grad():
-        got, want = layer(x), dense(x)
+        got = layer(x)
+        calls = len(dense_calls)
+        want = dense(x)
     assert got.shape == want.shape == (1, rows, 48)
     if rows > MAX_ROWS:
-        assert torch.equal(got, want)  # the layer's own product
-    else:  # the same weights read from their 4-bit levels: bfloat16 rounding apart
+        assert calls == 1 and torch.equal(got, want)  # the layer's own product
+    else:  # the 4-bit copy, not the layer: the same weights, bfloat16 rounding apart
+        assert calls == 0
         torch.testing.assert_close(got.float(), want.float(), atol=0.05, rtol=0.02)
 
 

@@ -50,13 +50,21 @@ def on_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
     step = (high - low) / 15
     levels = torch.round((groups - low) / torch.where(step > 0, step, 1.0)).clamp_(0, 15)
-    scale = step.to(weight.dtype)
-    zero = (low + 8 * step).to(weight.dtype)
-    read = (levels - 8) * scale.float() + zero.float()
-    if bool(((read - groups).abs() > GRID_TOLERANCE * step + 1e-30).any()):
+    zero = low + 8 * step
+    scales_zeros = torch.cat([step, zero], -1).permute(1, 0, 2).to(weight.dtype).contiguous()
+    levels = levels.view(out_features, in_features).to(torch.int32)
+    off = (dequantized(levels, scales_zeros) - weight.float()).abs().view_as(groups)
+    if bool((off > GRID_TOLERANCE * step + 1e-30).any()):
         return None
-    scales_zeros = torch.cat([scale, zero], -1).permute(1, 0, 2).contiguous()
-    return levels.view(out_features, in_features).to(torch.int32), scales_zeros
+    return levels, scales_zeros
+
+
+def dequantized(levels: torch.Tensor, scales_zeros: torch.Tensor) -> torch.Tensor:
+    """The weights ``[out, in]`` (float32) that 4-bit ``levels`` ``[out, in]`` and their
+    ``scales_zeros`` ``[in / GROUP, out, 2]`` stand for, as the kernel reads them."""
+    scale, zero = scales_zeros.float().permute(1, 0, 2).unsqueeze(-2).unbind(-1)
+    grouped = levels.float().view(levels.shape[0], -1, GROUP)
+    return ((grouped - 8) * scale + zero).view(levels.shape)
 
 
 class FourBitLinear(torch.nn.Module):
@@ -76,10 +84,8 @@ class FourBitLinear(torch.nn.Module):
         self.bias = getattr(inner, "bias", None)
         # the dense weight becomes the 4-bit one as bfloat16 holds it, so many-row and
         # few-row products compute with the same weights (bfloat16 rounding apart)
-        scale, zero = scales_zeros.float().permute(1, 0, 2).unsqueeze(-2).unbind(-1)
-        grouped = levels.float().view(self.out_features, -1, GROUP)
         with torch.no_grad():
-            inner.weight.copy_(((grouped - 8) * scale + zero).view_as(inner.weight))
+            inner.weight.copy_(dequantized(levels, scales_zeros))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
