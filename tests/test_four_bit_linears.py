@@ -126,3 +126,31 @@ def test_the_embedded_model_in_bfloat16_decodes_on_4_bit_weights_unless_turned_o
     # a speculative pass stays within what the 4-bit products take
     assert ModelRuntime(loaded, speculate=8).decode_batch().pass_tokens == MAX_ROWS
     assert ModelRuntime(dense, speculate=8).decode_batch().pass_tokens == DRAFT_PASS_TOKENS
+
+
+def test_entries_made_on_4_bit_weights_are_not_served_to_dense_weights(tmp_path) -> None:
+    """Two processes on one store, one decoding on 4-bit weights: neither reads the other's
+    entries (other weights, other KV), while a process like the writer does."""
+    import dataclasses
+
+    from ragsnap.cache import open_store
+    from ragsnap.engine.engine import AnswerOptions, RagSnapEngine
+    from ragsnap.prompt.documents import Document
+    from ragsnap.runtime.generation import GenerationConfig
+    from tests.tiny_models import tiny_engine
+
+    docs = [Document(id="a", title="t2", text=" ".join(f"t{i % 50}" for i in range(80)))]
+    opts = AnswerOptions(generation=GenerationConfig(max_new_tokens=2), document_order="given")
+    loaded = tiny_engine("llama").loaded
+
+    def cache_status(four_bit: bool) -> str:
+        engine = RagSnapEngine(
+            dataclasses.replace(loaded, four_bit=four_bit),
+            store=open_store(f"file://{tmp_path}"),
+        )
+        return list(engine.stream("t7 t8", docs, opts, namespace="ns"))[-1].stats.cache
+
+    assert cache_status(four_bit=True) == "miss"
+    assert cache_status(four_bit=False) == "miss"  # the 4-bit entry is not its KV
+    assert cache_status(four_bit=False) == "hit"
+    assert cache_status(four_bit=True) == "hit"
