@@ -25,7 +25,9 @@ class RedisServer:
         self.binary = binary
         self.port = port or free_port()
         self.extra_args = extra_args
-        self.workdir = tempfile.mkdtemp(prefix="ragsnap-redis-")
+        # removed when the server object goes (its data is never saved there anyway)
+        self._scratch = tempfile.TemporaryDirectory(prefix="ragsnap-redis-")
+        self.workdir = self._scratch.name
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

@@ -67,7 +67,8 @@ def main() -> None:
     documents = list(item.documents)
     shuffled = documents[:]
     random.Random(1).shuffle(shuffled)
-    folder = Path(tempfile.mkdtemp(prefix="ragsnap-miss-reuse-"))
+    scratch = tempfile.TemporaryDirectory(prefix="ragsnap-miss-reuse-")  # removed at exit
+    folder = Path(scratch.name)
     steps = []
     for name, question, docs in (
         ("cold", questions[0], documents),

@@ -166,7 +166,8 @@ def main() -> None:
 
     chunks = [int(c) for c in args.chunks.split(",")]
     threads = torch.get_num_threads()
-    store = tempfile.mkdtemp()
+    scratch = tempfile.TemporaryDirectory(prefix="ragsnap-prefill-floor-")  # removed at exit
+    store = scratch.name
     engine = in_a_passing_thread(
         lambda: RagSnapEngine.load(cache_url=f"file://{store}", threads=threads)
     )

@@ -109,8 +109,9 @@ def main() -> None:
     from ragsnap.runtime.threads import in_a_passing_thread
 
     threads = torch.get_num_threads()
+    scratch = tempfile.TemporaryDirectory(prefix="ragsnap-phases-")  # removed at exit
     engine = in_a_passing_thread(
-        lambda: RagSnapEngine.load(cache_url=f"file://{tempfile.mkdtemp()}", threads=threads)
+        lambda: RagSnapEngine.load(cache_url=f"file://{scratch.name}", threads=threads)
     )
     types = tuple(args.types.split(",")) if args.types else None
     items = load_workload_items("bioasq", args.data, 0, args.context, engine.tokenizer, types)
